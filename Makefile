@@ -1,0 +1,48 @@
+# pflbench: reproducibility harness for personalized federated learning.
+# `make help` lists the targets. Every target installs what it needs first (`make setup`).
+
+PYTHON   ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+PROFILE  ?= paper
+JOBS     ?= 1
+DEVICE   ?= auto
+PORT     ?= 5000
+PFLBENCH := $(BIN)/pflbench
+STAMP    := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-fast mlflow-ui list clean-results
+
+help: ## List every target with one line
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP) ## Create .venv and install the project with its dev extra
+	@echo "environment ready: $(VENV)"
+
+demo: $(STAMP) ## Run the offline demo suite (no download) and render its report
+	$(PFLBENCH) run suites/demo/offline.yaml --jobs $(JOBS) --device $(DEVICE) --report
+
+test: $(STAMP) ## Run the whole test suite
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP) ## Run the tests not marked slow
+	$(BIN)/python -m pytest -q -m "not slow"
+
+list: $(STAMP) ## List registered methods, datasets, models, partitioners and suites
+	@for what in methods datasets models partitioners protocols suites; do \
+		echo "== $$what"; $(PFLBENCH) list $$what; done
+
+mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:$(PORT))
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/results/mlflow.db \
+		--default-artifact-root $(CURDIR)/results/mlartifacts --host 127.0.0.1 --port $(PORT)
+
+clean-results: ## Delete the local MLflow store and rendered reports (asks no question)
+	rm -rf results/mlflow.db results/mlartifacts reports/*

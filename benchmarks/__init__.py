@@ -1,0 +1,1 @@
+"""benchmarks: the harness around pfl_core (suites, runner, MLflow tracking, reports, CLI)."""

@@ -1,0 +1,288 @@
+"""Suites: the YAML schema, its validation, profiles and grid expansion.
+
+A suite file (``suites/<paper>/<name>.yaml``) holds:
+
+* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
+* ``metric``: which run metric is tabulated and how the paper averaged it
+  (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``).
+* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
+* ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
+  assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
+  ``{label: ..., set: {dotted.key: value, ...}}``.
+* ``methods``: per-method dotted overrides, applied to every cell whose ``method.name`` matches.
+* ``seeds``: the seeds of the paper profile.
+* ``profiles``: named overrides (``seeds``, ``set``, ``methods``); ``paper`` is the base itself.
+* ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
+  ``source``).
+
+A run's configuration is built as base <- cell values <- method overrides <- profile overrides.
+Every expanded run is validated (dataset, model, method, partitioner, protocol, every key) when
+the suite is loaded, so a bad suite fails before anything runs, with the file and key named.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pfl_core.algorithms import METHODS
+from pfl_core.config import ConfigError, RunConfig, section_keys
+from pfl_core.data import DATASETS, PARTITIONERS
+from pfl_core.evaluation import PROTOCOLS, EvalConfig
+from pfl_core.models import MODELS
+from pfl_core.registry import UnknownNameError
+
+#: bump when a change of the core changes what an identical config computes
+CONFIG_VERSION = 1
+
+TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
+            "seeds", "profiles", "published"}
+REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
+METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof"}
+PROFILE_KEYS = {"seeds", "set", "methods", "description"}
+PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
+AXIS_KEYS = {"name", "key", "values"}
+FREE_FORM = ("data.params", "data.partition", "data.client_splits", "model.params",
+             "method.params", "evaluation.params")
+SCHEMA_KEYS = section_keys()
+
+
+class SuiteError(ValueError):
+    """A suite file is malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a suite: (cell, seed, profile) and its resolved, hashed configuration."""
+
+    suite: str
+    cell: dict[str, str]
+    seed: int
+    profile: str
+    config: dict
+    config_hash: str
+
+    @property
+    def cell_id(self) -> str:
+        return cell_id(self.cell)
+
+    @property
+    def method(self) -> str:
+        return self.config["method"]["name"]
+
+
+def cell_id(cell: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in cell.items())
+
+
+def config_hash(config: dict) -> str:
+    payload = json.dumps({"v": CONFIG_VERSION, "config": config}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _set_dotted(config: dict, key: str, value: Any, where: str) -> None:
+    head = key.split(".")
+    known_prefix = next((p for p in FREE_FORM if key.startswith(p + ".")), None)
+    if key not in SCHEMA_KEYS and known_prefix is None:
+        raise SuiteError(f"{where}: unknown config key {key!r}; allowed: {sorted(SCHEMA_KEYS)}")
+    node = config
+    for part in head[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise SuiteError(f"{where}: {key!r} goes through a non-mapping value")
+    node[head[-1]] = copy.deepcopy(value)
+
+
+def _apply(config: dict, overrides: dict | None, where: str) -> None:
+    if overrides is None:
+        return
+    if not isinstance(overrides, dict):
+        raise SuiteError(f"{where}: expected a mapping of dotted keys to values")
+    for key, value in overrides.items():
+        _set_dotted(config, str(key), value, f"{where}.{key}")
+
+
+def _check_keys(mapping: Any, allowed: set[str], where: str, required: set[str] = frozenset()) -> None:
+    if not isinstance(mapping, dict):
+        raise SuiteError(f"{where}: expected a mapping, got {type(mapping).__name__}")
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise SuiteError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    missing = sorted(set(required) - set(mapping))
+    if missing:
+        raise SuiteError(f"{where}: missing required key(s) {missing}")
+
+
+@dataclass
+class Axis:
+    name: str
+    labels: list[str]
+    settings: list[dict]
+
+
+@dataclass
+class Suite:
+    path: Path
+    raw: dict
+    axes: list[Axis] = field(default_factory=list)
+
+    @property
+    def paper(self) -> str:
+        return self.raw["paper"]
+
+    @property
+    def name(self) -> str:
+        return self.raw["name"]
+
+    @property
+    def key(self) -> str:
+        return f"{self.paper}/{self.name}"
+
+    @property
+    def metric(self) -> dict:
+        """The tabulated metric with defaults filled in (label = key, scale 1, pm std, ddof 0)."""
+        raw = self.raw["metric"]
+        return {"label": raw["key"], "scale": 1.0, "pm": "std", "ddof": 0, "averaging": "", **raw}
+
+    @property
+    def profiles(self) -> list[str]:
+        return ["paper", *sorted(self.raw.get("profiles") or {})]
+
+    @property
+    def published(self) -> list[dict]:
+        return self.raw.get("published") or []
+
+    def cells(self) -> list[dict[str, str]]:
+        return [dict(zip((a.name for a in self.axes), combo))
+                for combo in itertools.product(*(a.labels for a in self.axes))]
+
+    def expand(self, profile: str = "paper", seeds: list[int] | None = None,
+               only: dict[str, list[str]] | None = None) -> list[RunSpec]:
+        """Every (cell, seed) run of ``profile``, filtered by ``only`` (axis -> allowed labels)."""
+        prof = self._profile(profile)
+        run_seeds = list(seeds) if seeds is not None else list(prof.get("seeds", self.raw["seeds"]))
+        only = only or {}
+        axis_names = [a.name for a in self.axes]
+        for axis in only:
+            if axis not in axis_names:
+                raise SuiteError(f"{self.path}: --only names axis {axis!r}; axes: {axis_names}")
+        specs = []
+        for combo in itertools.product(*(range(len(a.labels)) for a in self.axes)):
+            cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
+            if any(cell[axis] not in allowed for axis, allowed in only.items()):
+                continue
+            config = copy.deepcopy(self.raw["base"])
+            for a, i in zip(self.axes, combo):
+                _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}")
+            method = config.get("method", {}).get("name")
+            _apply(config, (self.raw.get("methods") or {}).get(method), f"{self.path}: methods.{method}")
+            _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set")
+            _apply(config, (prof.get("methods") or {}).get(method), f"{self.path}: profiles.{profile}.methods.{method}")
+            for seed in run_seeds:
+                config["seed"] = int(seed)
+                resolved = validate_config(config, f"{self.path}: cell {cell_id(cell)}")
+                specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved)))
+        return specs
+
+    def _profile(self, profile: str) -> dict:
+        if profile == "paper":
+            return {}
+        profiles = self.raw.get("profiles") or {}
+        if profile not in profiles:
+            raise SuiteError(f"{self.path}: unknown profile {profile!r}; allowed: {self.profiles}")
+        return profiles[profile] or {}
+
+
+def validate_config(config: dict, where: str) -> dict:
+    """Check every name and key of one run configuration; return its fully resolved dict."""
+    try:
+        cfg = RunConfig.from_dict(config)
+        DATASETS.get(cfg.data.dataset)
+        MODELS.get(cfg.model.name)
+        method = METHODS.get(cfg.method.name)
+        method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ")
+        PROTOCOLS.get(cfg.evaluation.protocol)
+        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ")
+        partition = dict(cfg.data.partition)
+        if "name" not in partition:
+            raise ConfigError("data.partition needs a 'name'")
+        part_fn = PARTITIONERS.get(partition.pop("name"))
+        allowed = {p.name for p in inspect.signature(part_fn).parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "groups"}
+        unknown = sorted(set(partition) - allowed)
+        if unknown:
+            raise ConfigError(f"data.partition: unknown parameter(s) {unknown}; allowed: {sorted(allowed)}")
+    except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
+        raise SuiteError(f"{where}: {err}") from None
+    return cfg.to_dict()
+
+
+def _parse_axis(raw: Any, where: str) -> Axis:
+    _check_keys(raw, AXIS_KEYS, where, {"name", "values"})
+    values = raw["values"]
+    if not isinstance(values, list) or not values:
+        raise SuiteError(f"{where}.values: expected a non-empty list")
+    labels, settings = [], []
+    for i, value in enumerate(values):
+        if isinstance(value, dict):
+            _check_keys(value, {"label", "set"}, f"{where}.values[{i}]", {"label"})
+            labels.append(str(value["label"]))
+            settings.append(value.get("set") or {})
+        else:
+            if "key" not in raw:
+                raise SuiteError(f"{where}: scalar values need the axis 'key' (a dotted config key)")
+            labels.append(str(value))
+            settings.append({raw["key"]: value})
+    if len(set(labels)) != len(labels):
+        raise SuiteError(f"{where}: duplicate labels {labels}")
+    return Axis(str(raw["name"]), labels, settings)
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate a suite file; every run of every profile is checked before returning."""
+    path = Path(path)
+    if not path.exists():
+        raise SuiteError(f"suite file {path} does not exist (see `pflbench list suites`)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SuiteError(f"{path}: not valid YAML: {err}") from None
+    _check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
+    _check_keys(raw["metric"], METRIC_KEYS, f"{path}: metric", {"key"})
+    if raw["metric"].get("pm", "std") not in ("std", "sem", "none"):
+        raise SuiteError(f"{path}: metric.pm must be std, sem or none")
+    if not isinstance(raw["grid"], list):
+        raise SuiteError(f"{path}: grid must be a list of axes")
+    axes = [_parse_axis(a, f"{path}: grid[{i}]") for i, a in enumerate(raw["grid"])]
+    for name, prof in (raw.get("profiles") or {}).items():
+        _check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
+    for name in raw.get("methods") or {}:
+        if name not in METHODS:
+            raise SuiteError(f"{path}: methods.{name}: unknown method; allowed: {METHODS.names()}")
+    suite = Suite(path, raw, axes)
+    cells = suite.cells()
+    for i, entry in enumerate(suite.published):
+        _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
+        if entry["cell"] not in cells:
+            raise SuiteError(f"{path}: published[{i}].cell {entry['cell']} is not a cell of the grid")
+    for profile in suite.profiles:
+        suite.expand(profile)
+    return suite
+
+
+def parse_only(items: list[str] | None) -> dict[str, list[str]]:
+    """``["method=fedavg", "method=local", "dataset=x"]`` -> {method: [fedavg, local], dataset: [x]}."""
+    only: dict[str, list[str]] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SuiteError(f"--only expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        only.setdefault(key.strip(), []).extend(v.strip() for v in value.split(","))
+    return only

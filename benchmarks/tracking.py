@@ -1,0 +1,152 @@
+"""MLflow tracking: one experiment per suite, one run per (cell, seed, profile).
+
+The default store is SQLite under ``results/``; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI``
+point elsewhere (a shared tracking server). All writes go through :class:`Tracker` in the parent
+process, so worker processes never contend for the store.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+
+from benchmarks.suite import RunSpec
+
+RESULTS_DIR = Path("results")
+METRIC_BATCH = 1000
+PARAM_VALUE_LIMIT = 6000
+
+
+def default_tracking_uri(results_dir: Path = RESULTS_DIR) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<abs>/results/mlflow.db``."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    results_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{results_dir.resolve() / 'mlflow.db'}"
+
+
+def git_state() -> tuple[str, bool]:
+    """(commit, dirty) of the working tree the harness runs from; ("unknown", True) outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout
+        return commit, bool(status.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config -> {"data.num_clients": "100", ...} (MLflow params are strings)."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return flat
+
+
+class Tracker:
+    """Reads and writes the runs of one suite's experiment."""
+
+    def __init__(self, tracking_uri: str | None = None, artifact_root: Path | None = None):
+        self.uri = tracking_uri or default_tracking_uri()
+        self.client = MlflowClient(tracking_uri=self.uri)
+        self.artifact_root = artifact_root or (RESULTS_DIR / "mlartifacts")
+
+    def experiment_id(self, suite_key: str, create: bool = True) -> str | None:
+        experiment = self.client.get_experiment_by_name(suite_key)
+        if experiment is not None:
+            return experiment.experiment_id
+        if not create:
+            return None
+        location = None
+        if self.uri.startswith("sqlite:"):
+            self.artifact_root.mkdir(parents=True, exist_ok=True)
+            location = self.artifact_root.resolve().as_uri()
+        return self.client.create_experiment(suite_key, artifact_location=location)
+
+    def runs(self, suite_key: str, status: str | None = "FINISHED"):
+        """All runs of a suite's experiment (optionally of one status), newest first."""
+        exp = self.experiment_id(suite_key, create=False)
+        if exp is None:
+            return []
+        query = f"attributes.status = '{status}'" if status else ""
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([exp], query, max_results=5000, page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def finished_hashes(self, suite_key: str) -> set[str]:
+        return {r.data.tags.get("config_hash") for r in self.runs(suite_key, "FINISHED")}
+
+    def log(self, spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool]) -> str:
+        """Record one finished or failed run with its params, metrics, tags and artifacts."""
+        exp = self.experiment_id(spec.suite)
+        tags = {
+            "paper": suite_meta["paper"], "table": suite_meta.get("table", ""),
+            "suite": spec.suite, "cell": spec.cell_id, "method": spec.method,
+            "seed": str(spec.seed), "profile": spec.profile, "config_hash": spec.config_hash,
+            "git_commit": git[0], "git_dirty": str(git[1]).lower(),
+            "device": outcome.get("info", {}).get("device", ""),
+            "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
+            **{f"cell.{k}": v for k, v in spec.cell.items()},
+        }
+        if outcome.get("info", {}).get("dataset_offline"):
+            tags["offline_data"] = "true"
+        if "error" in outcome:
+            tags["failure_reason"] = outcome["error"][:5000]
+        run = self.client.create_run(exp, start_time=int(outcome["started"] * 1000), tags=tags)
+        run_id = run.info.run_id
+        params = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in flatten(spec.config).items()]
+        self.client.log_batch(run_id, params=params)
+        self._log_metrics(run_id, outcome)
+        self._log_artifacts(run_id, spec, outcome)
+        status = "FAILED" if "error" in outcome else "FINISHED"
+        self.client.set_terminated(run_id, status=status, end_time=int(outcome["ended"] * 1000))
+        return run_id
+
+    def _log_metrics(self, run_id: str, outcome: dict) -> None:
+        now = int(time.time() * 1000)
+        metrics = []
+        for row in outcome.get("history", []):
+            step = int(row["round"])
+            metrics += [Metric(f"round/{k}", float(v), now, step) for k, v in row.items() if k != "round"]
+        for k, v in enumerate(outcome.get("curve_mean", [])):
+            metrics.append(Metric("curve/acc", float(v), now, k))
+        for k, v in enumerate(outcome.get("curve_weighted", [])):
+            metrics.append(Metric("curve/acc_weighted", float(v), now, k))
+        metrics += [Metric(k, float(v), now, 0) for k, v in outcome.get("metrics", {}).items()]
+        metrics.append(Metric("wall_s", float(outcome["ended"] - outcome["started"]), now, 0))
+        for start in range(0, len(metrics), METRIC_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[start:start + METRIC_BATCH])
+
+    def _log_artifacts(self, run_id: str, spec: RunSpec, outcome: dict) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            files = {
+                "config.json": spec.config,
+                "clients.json": outcome.get("clients", []),
+                "run_info.json": {**outcome.get("info", {}), "error": outcome.get("error")},
+            }
+            for name, content in files.items():
+                path = Path(tmp) / name
+                path.write_text(json.dumps(content, indent=1, default=str))
+                self.client.log_artifact(run_id, str(path))
+
+
+def read_json_artifact(client: MlflowClient, run_id: str, name: str):
+    with tempfile.TemporaryDirectory() as tmp:
+        return json.loads(Path(client.download_artifacts(run_id, name, tmp)).read_text())
+

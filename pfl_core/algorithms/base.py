@@ -1,0 +1,108 @@
+"""The algorithm interface (DESIGN.md, "Algorithms").
+
+An algorithm says how the server state is initialised, what a sampled client does in a round
+(reading and writing its own persistent state), how the uploads are aggregated, and which
+parameters a client predicts with. Hyperparameters are a dataclass whose defaults are the paper's
+values; suites override them by name and unknown names are rejected.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from pfl_core.batching import BatchStream
+from pfl_core.data.federated import ArrayDataset, Client
+from pfl_core.training import Params, average_params
+
+ServerState = dict[str, Any]
+
+
+@dataclass
+class HyperParams:
+    """Base class of every method's hyperparameters."""
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "") -> "HyperParams":
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - allowed)
+        if unknown:
+            raise ValueError(
+                f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
+                f"allowed: {sorted(allowed)}"
+            )
+        return cls(**values)
+
+
+@dataclass
+class ClientContext:
+    """What one client brings to a round: its data, its batch streams and its persistent state.
+
+    ``state`` belongs to the algorithm (personal models, heads, optimiser moments, cluster id) and
+    survives across rounds; the federation loop keeps one context per client for the whole run.
+    """
+
+    client: Client
+    dataset: ArrayDataset
+    streams: dict[str, BatchStream]
+    state: dict = field(default_factory=dict)
+
+    @property
+    def cid(self) -> int:
+        return self.client.cid
+
+    def num_samples(self, split: str = "train") -> int:
+        return self.client.size(split)
+
+    def next_batch(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+        return self.dataset.batch(self.streams[split].next())
+
+    def epoch(self, split: str = "train") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for index in self.streams[split].epoch():
+            yield self.dataset.batch(index)
+
+
+@dataclass
+class ClientUpdate:
+    """What a client returns: uploaded parameters (None: nothing uploaded), the aggregation
+    weight (its number of training samples), and its mean training loss (a 0-d tensor)."""
+
+    params: Params | None
+    num_samples: int
+    loss: torch.Tensor
+
+
+class Algorithm(ABC):
+    """Base class of every federated method. Subclasses set ``hyper_class`` and implement
+    :meth:`client_update`; the defaults below are FedAvg's server."""
+
+    hyper_class: ClassVar[type[HyperParams]] = HyperParams
+    #: whether the evaluation protocol fine-tunes this method's predictor (the "-FT" variants)
+    finetune_at_eval: ClassVar[bool] = False
+
+    def __init__(self, model: nn.Module, hp: HyperParams):
+        self.model = model
+        self.hp = hp
+
+    def init_server(self, params: Params) -> ServerState:
+        return {"params": params}
+
+    @abstractmethod
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        """Train client ``client`` starting from ``server``; may read and write ``client.state``."""
+
+    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        """Average the uploads, weighted by samples or uniformly (``hp.weighting``)."""
+        uploads = [u for u in updates if u.params is not None]
+        if not uploads:
+            return server
+        weighting = getattr(self.hp, "weighting", "samples")
+        weights = [u.num_samples if weighting == "samples" else 1.0 for u in uploads]
+        return {**server, "params": average_params([u.params for u in uploads], weights)}
+
+    def predictor(self, server: ServerState, client: ClientContext) -> Params:
+        """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""
+        return server["params"]

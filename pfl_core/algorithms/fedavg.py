@@ -1,0 +1,38 @@
+"""FedAvg (McMahan et al., 2017): local SGD from the global model, then a weighted parameter mean.
+
+With ``weighting="uniform"`` the server takes the plain mean the CAFeMe code uses
+(CAFeMe spec, "Baselines as implemented in the code": FedAvg).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd
+
+
+@dataclass
+class FedAvgHyper(LocalSGDHyper, HyperParams):
+    weighting: str = "samples"
+    """``samples``: weight client k by n_k (FedAvg paper); ``uniform``: plain mean (CAFeMe code)."""
+
+    def __post_init__(self) -> None:
+        if self.weighting not in ("samples", "uniform"):
+            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
+
+
+@METHODS.register("fedavg")
+class FedAvg(Algorithm):
+    hyper_class = FedAvgHyper
+
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        params, loss = local_sgd(self.model, server["params"], client, self.hp)
+        return ClientUpdate(params, client.num_samples("train"), loss)
+
+
+@METHODS.register("fedavg_ft")
+class FedAvgFT(FedAvg):
+    """FedAvg whose global model is fine-tuned by the evaluation protocol (the "-FT" baseline)."""
+
+    finetune_at_eval = True

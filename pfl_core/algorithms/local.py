@@ -1,0 +1,40 @@
+"""Local training: every client trains its own model from the common initialisation and never
+communicates. The server state is never changed."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd
+from pfl_core.training import Params
+
+
+@dataclass
+class LocalHyper(LocalSGDHyper, HyperParams):
+    pass
+
+
+@METHODS.register("local")
+class Local(Algorithm):
+    """Each sampled client continues training its own model (kept in ``client.state``).
+
+    A client that never trained (an unseen client) predicts with the initial model, and the
+    protocol's personalization steps train it from there: for Local that *is* local training, so
+    ``finetune_at_eval`` is True.
+    """
+
+    hyper_class = LocalHyper
+    finetune_at_eval = True
+
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        start = client.state.get("params", server["params"])
+        params, loss = local_sgd(self.model, start, client, self.hp)
+        client.state["params"] = params
+        return ClientUpdate(None, client.num_samples("train"), loss)
+
+    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        return server
+
+    def predictor(self, server: ServerState, client: ClientContext) -> Params:
+        return client.state.get("params", server["params"])

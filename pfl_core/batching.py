@@ -1,0 +1,75 @@
+"""Per-client batch streams drawn by indexing resident tensors (no DataLoader in the loop).
+
+The default order reproduces the CAFeMe code's FedLab ``SubsetSampler(shuffle=True)``: a client's
+indices are shuffled **once** and then iterated in that fixed order every epoch (CAFeMe spec,
+"Per-client split"). ``reshuffle=True`` draws a fresh permutation at every epoch instead.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class BatchStream:
+    """Batches of one client split: a cyclic ``next()`` iterator and fresh full passes.
+
+    Args:
+        index: int64 indices of the split into the dataset.
+        batch_size: batch size B.
+        generator: the stream's own RNG (derived from the run seed and client id).
+        reshuffle: draw a new permutation every epoch (else shuffle once, fixed order).
+        drop_last: drop the last incomplete batch. Ignored when the split holds fewer than B
+            samples, where it would leave no batch at all (the CAFeMe code's crash; see the spec's
+            "Crash hazard"): such a split yields one short batch, and ``short`` is True.
+    """
+
+    def __init__(
+        self,
+        index: torch.Tensor,
+        batch_size: int,
+        generator: torch.Generator,
+        reshuffle: bool = False,
+        drop_last: bool = True,
+    ):
+        if index.numel() == 0:
+            raise ValueError("a batch stream needs at least one sample")
+        self.index = index
+        self.batch_size = int(batch_size)
+        self.generator = generator
+        self.reshuffle = reshuffle
+        self.short = index.numel() < self.batch_size
+        self.drop_last = drop_last and not self.short
+        self._order = self._permutation()
+        self._cursor = 0
+
+    def _permutation(self) -> torch.Tensor:
+        perm = torch.randperm(self.index.numel(), generator=self.generator)
+        return self.index[perm.to(self.index.device)]
+
+    def _batches(self) -> list[torch.Tensor]:
+        chunks = list(torch.split(self._order, self.batch_size))
+        if self.drop_last and chunks[-1].numel() < self.batch_size:
+            chunks.pop()
+        return chunks
+
+    @property
+    def batches_per_epoch(self) -> int:
+        n, b = self.index.numel(), self.batch_size
+        return n // b if self.drop_last else -(-n // b)
+
+    def epoch(self) -> list[torch.Tensor]:
+        """One full pass from the start of the order (a new ``for batch in loader`` loop)."""
+        if self.reshuffle:
+            self._order = self._permutation()
+        return self._batches()
+
+    def next(self) -> torch.Tensor:
+        """The next batch of the cyclic iterator; restarts (reshuffled if asked) when exhausted."""
+        batches = self._batches()
+        if self._cursor >= len(batches):
+            if self.reshuffle:
+                self._order = self._permutation()
+                batches = self._batches()
+            self._cursor = 0
+        batch = batches[self._cursor]
+        self._cursor += 1
+        return batch

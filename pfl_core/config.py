@@ -1,0 +1,115 @@
+"""The fully resolved configuration of one run, as nested dataclasses.
+
+The harness builds it from a suite (YAML) and hashes its dict form; the core only needs plain
+dicts, so ``pfl_core`` imports neither YAML nor MLflow. Unknown keys are rejected with their path.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits28"
+    """Registered dataset name (``pflbench list datasets``)."""
+    params: dict = field(default_factory=dict)
+    """Loader parameters (e.g. Synthetic's alpha and beta)."""
+    split: str = "train"
+    """Which split of the source dataset is partitioned: train, test or all."""
+    num_clients: int = 100
+    partition: dict = field(default_factory=lambda: {"name": "iid"})
+    """``{name: <partitioner>, <param>: <value>, ...}`` (``pflbench list partitioners``)."""
+    client_splits: dict = field(default_factory=lambda: {"test": 0.2})
+    """Fractions of each client's samples per named split (floored); ``train`` gets the rest."""
+    unseen_fraction: float = 0.0
+    """Fraction of clients held out of training for the ``unseen`` protocol (CAFeMe: 0.2)."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlr"
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class MethodConfig:
+    name: str = "fedavg"
+    params: dict = field(default_factory=dict)
+    """Overrides of the method's hyperparameter dataclass."""
+
+
+@dataclass
+class FederationConfig:
+    rounds: int = 100
+    clients_per_round: int = 5
+    """Clients sampled uniformly without replacement per round (0 = all training clients)."""
+    batch_size: int = 32
+    reshuffle: bool = False
+    """Reshuffle a client's batches every epoch (False: shuffle once, fixed order, as CAFeMe)."""
+    drop_last: bool = True
+    eval_every: int = 0
+    """Evaluate every this many rounds (0: only after the last round)."""
+
+
+@dataclass
+class EvaluationConfig:
+    protocol: str = "seen"
+    """``unseen`` (held-out clients, fine-tuning curve) or ``seen`` (personalized predictors)."""
+    params: dict = field(default_factory=dict)
+    """Overrides of :class:`pfl_core.evaluation.EvalConfig`."""
+
+
+@dataclass
+class RunConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        return _build(cls, values, "")
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names its path."""
+
+
+def _build(cls, values: Any, path: str):
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(values).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"unknown key(s) {[where + k for k in unknown]}; allowed under "
+                          f"{path or 'the run config'}: {sorted(known)}")
+    kwargs = {}
+    for name, value in values.items():
+        default = cls.__dataclass_fields__[name].default_factory
+        sub = f"{path}.{name}" if path else name
+        nested = default() if callable(default) else None
+        if is_dataclass(nested):
+            kwargs[name] = _build(type(nested), value, sub)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def section_keys(cls=RunConfig, prefix: str = "") -> set[str]:
+    """All dotted keys of the config schema (``data.num_clients``, ...) for validating overrides.
+    Free-form dict fields (``params``, ``partition``, ``client_splits``) accept any sub-key."""
+    keys = set()
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        keys.add(key)
+        default = f.default_factory() if callable(f.default_factory) else None
+        if is_dataclass(default):
+            keys |= section_keys(type(default), key + ".")
+    return keys

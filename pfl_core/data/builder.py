@@ -1,0 +1,73 @@
+"""Build :class:`FederatedData` from a dataset: partition, per-client splits, seen/unseen clients.
+
+Each step has its own random stream (``partition``, ``split``, ``unseen``; see
+``pfl_core.seeding``), so changing one setting never moves the others.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+from pfl_core.data.partitions import partition as run_partition
+from pfl_core.data.partitions import partitioner_params, rotation_group_of
+from pfl_core.data.splits import split_indices, split_seen_unseen
+from pfl_core.seeding import RunStreams
+
+
+def _client_groups(
+    name: str, params: dict, parts: list[np.ndarray], groups: np.ndarray | None
+) -> list[int | None]:
+    """The group of each client when the partition defines one (rotation group, natural group)."""
+    if name == "rotation_groups":
+        num_groups = params.get("num_groups", partitioner_params(name)["num_groups"])
+        return [rotation_group_of(c, len(parts), num_groups) for c in range(len(parts))]
+    if name == "natural" and groups is not None:
+        return [int(groups[idx[0]]) if len(idx) else None for idx in parts]
+    return [None] * len(parts)
+
+
+def build_federated(
+    dataset: ArrayDataset,
+    *,
+    num_clients: int,
+    partition: str,
+    partition_params: dict,
+    client_splits: dict[str, float],
+    unseen_fraction: float,
+    streams: RunStreams,
+    min_split_size: int = 1,
+    remainder: str = "train",
+) -> FederatedData:
+    """Partition ``dataset`` among ``num_clients`` clients and split each client's indices.
+
+    ``client_splits`` maps split names to fractions (e.g. ``{"eval": 0.2}``); the rest of each
+    client goes to ``remainder``. Raises ``ValueError`` naming the client and split when a split
+    has fewer than ``min_split_size`` samples. ``Client.meta`` holds ``n`` (client size) and,
+    where the partition defines it, ``group``.
+    """
+    labels = dataset.labels_numpy()
+    groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
+    parts = run_partition(
+        partition, labels, num_clients, streams.numpy("partition"), groups=groups,
+        **partition_params,
+    )
+    client_group = _client_groups(partition, partition_params, parts, groups)
+    split_rng = streams.numpy("split")
+    clients = []
+    for cid, (indices, group) in enumerate(zip(parts, client_group)):
+        splits = split_indices(indices, client_splits, split_rng, remainder=remainder)
+        for split_name, idx in splits.items():
+            if len(idx) < min_split_size:
+                raise ValueError(
+                    f"client {cid} ({len(indices)} samples, partition {partition!r}) has "
+                    f"{len(idx)} samples in split {split_name!r} (< min_split_size={min_split_size})"
+                )
+        meta: dict = {"n": int(len(indices))}
+        if group is not None:
+            meta["group"] = group
+        clients.append(
+            Client(cid, {k: torch.as_tensor(v, dtype=torch.int64) for k, v in splits.items()}, meta)
+        )
+    seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
+    return FederatedData(dataset, clients, train_clients=seen, unseen_clients=unseen)

@@ -1,0 +1,106 @@
+"""Federated data held as resident tensors plus per-client index tensors (DESIGN.md, "Federated data").
+
+A dataset is loaded once. Images stay ``uint8`` until a batch is drawn; :meth:`ArrayDataset.batch`
+converts only the rows it returns. A client is a set of named index tensors into the dataset (one
+per split: ``train``/``val``/``test`` or ``pers``/``eval``) plus metadata (group, writer, domain).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+
+@dataclass
+class ArrayDataset:
+    """A whole dataset as tensors.
+
+    Attributes:
+        name: registry name of the dataset (e.g. ``"mnist"``).
+        x: inputs. ``uint8`` images of shape (N, C, H, W) or ``float32`` features (N, D).
+        y: ``int64`` labels of shape (N,).
+        num_classes: number of classes of the label space.
+        groups: optional ``int64`` natural group id per sample (writer, rotation group, domain),
+            used by the natural partitioner.
+        mean, std: optional per-channel normalisation applied after scaling to [0, 1].
+        offline: True when the data was generated or ships inside an installed package, i.e. it is
+            *not* the real benchmark dataset. Reports say so.
+        description: one line for logs and reports (source, split, preprocessing).
+    """
+
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    groups: torch.Tensor | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    offline: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.x.shape[0] != self.y.shape[0]:
+            raise ValueError(f"{self.name}: {self.x.shape[0]} inputs but {self.y.shape[0]} labels")
+        self.y = self.y.long()
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
+
+    def to(self, device: torch.device | str) -> "ArrayDataset":
+        """A copy whose resident tensors live on ``device`` (done once per run; no-op if there)."""
+        groups = None if self.groups is None else self.groups.to(device)
+        return replace(self, x=self.x.to(device), y=self.y.to(device), groups=groups)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
+        x = self.x[index]
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        if self.mean is not None:
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            mean = torch.tensor(self.mean, device=x.device).view(shape)
+            std = torch.tensor(self.std, device=x.device).view(shape)
+            x = (x - mean) / std
+        return x, self.y[index]
+
+    def labels_numpy(self) -> np.ndarray:
+        return self.y.cpu().numpy()
+
+
+@dataclass
+class Client:
+    """One client: named index tensors into the dataset and free-form metadata."""
+
+    cid: int
+    splits: dict[str, torch.Tensor]
+    meta: dict = field(default_factory=dict)
+
+    def size(self, split: str) -> int:
+        return int(self.splits[split].numel())
+
+
+@dataclass
+class FederatedData:
+    """A dataset, its clients, and which clients train (seen) or are held out (unseen)."""
+
+    dataset: ArrayDataset
+    clients: list[Client]
+    train_clients: list[int]
+    unseen_clients: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        overlap = set(self.train_clients) & set(self.unseen_clients)
+        if overlap:
+            raise ValueError(f"clients {sorted(overlap)[:5]} are both training and unseen clients")
+
+    def to(self, device: torch.device | str) -> "FederatedData":
+        """A copy with the dataset and every client's index tensors on ``device``."""
+        clients = [
+            replace(c, splits={k: v.to(device) for k, v in c.splits.items()}) for c in self.clients
+        ]
+        return replace(self, dataset=self.dataset.to(device), clients=clients)

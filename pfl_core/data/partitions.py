@@ -1,0 +1,336 @@
+"""Label/group partitioners: split one dataset's sample indices among clients.
+
+Every partitioner has the signature ``fn(labels, num_clients, rng, *, <params>) -> list[np.ndarray]``
+and returns one ``int64`` index array (into ``labels``) per client. Randomness comes only from
+``rng`` (a ``numpy.random.Generator``), so the same seed gives the same partition. The ``natural``
+partitioner also takes ``groups`` (one group id per sample).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import numpy as np
+
+from pfl_core.registry import Registry
+
+Partitioner = Callable[..., list[np.ndarray]]
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+
+_LDA_EPS = 1e-5
+
+
+def _int64_list(parts: list[np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+@PARTITIONERS.register("iid")
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """A random permutation cut into ``num_clients`` near-equal parts (sizes differ by at most 1)."""
+    return _int64_list(np.array_split(rng.permutation(len(labels)), num_clients))
+
+
+@PARTITIONERS.register("shards")
+def shards(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    num_shards: int = 200,
+    shards_per_client: int = 2,
+) -> list[np.ndarray]:
+    """FedLab shards (cafeme.md, "Partition schemes", Shards).
+
+    Sort by label, cut into ``num_shards`` contiguous shards of ``N // num_shards`` samples, permute
+    the shards; client i gets permutation positions ``[i*k, (i+1)*k)``. Deviation: the sort is a
+    *stable* argsort (FedLab uses numpy's default quicksort), so ties keep index order. The last
+    ``N mod num_shards`` samples in sorted order are left out when N is not divisible.
+    """
+    if num_shards != num_clients * shards_per_client:
+        raise ValueError(
+            f"shards: num_shards={num_shards} must equal num_clients*shards_per_client="
+            f"{num_clients}*{shards_per_client}={num_clients * shards_per_client}"
+        )
+    shard_size = len(labels) // num_shards
+    if shard_size == 0:
+        raise ValueError(f"shards: {len(labels)} samples cannot fill {num_shards} shards")
+    order = np.argsort(labels, kind="stable")[: shard_size * num_shards]
+    shard_ids = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    blocks = order.reshape(num_shards, shard_size)
+    return _int64_list([blocks[ids].reshape(-1) for ids in shard_ids])
+
+
+@PARTITIONERS.register("dirichlet")
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    alpha: float = 0.3,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> list[np.ndarray]:
+    """FedLab ``hetero_dir_partition`` (cafeme.md, "Partition schemes", Dirichlet).
+
+    Repeat until every client holds >= ``min_size`` samples: for each class, shuffle its indices,
+    draw p ~ Dir(alpha * 1), zero p_j for clients already holding >= N/num_clients samples,
+    renormalise, and cut the class at floor(cumsum(p) * n_k). Finally shuffle each client.
+
+    Raises ``ValueError`` after ``max_tries`` failed draws (e.g. 500 clients with alpha=0.05 cannot
+    reach min_size=10 in practice; pass a smaller ``min_size`` such as 0). If every still-eligible
+    client draws p_j == 0 exactly (underflow at tiny alpha) the class is spread uniformly over the
+    eligible clients instead of producing NaNs.
+    """
+    classes = np.unique(labels)
+    class_indices = [np.flatnonzero(labels == c) for c in classes]
+    cap = len(labels) / num_clients
+    smallest = short = 0
+    for _ in range(max_tries):
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        pieces: list[list[np.ndarray]] = []
+        for idx in class_indices:
+            idx = rng.permutation(idx)
+            p = rng.dirichlet(np.full(num_clients, alpha))
+            eligible = sizes < cap
+            p = np.where(eligible, p, 0.0)
+            p = p / p.sum() if p.sum() > 0 else eligible / eligible.sum()
+            cuts = (np.cumsum(p) * len(idx)).astype(np.int64)[:-1]
+            split = np.split(idx, cuts)
+            sizes += np.array([len(s) for s in split])
+            pieces.append(split)
+        smallest, short = int(sizes.min()), int(np.sum(sizes < min_size))
+        if short == 0:
+            return _int64_list([rng.permutation(np.concatenate(parts)) for parts in zip(*pieces)])
+    raise ValueError(
+        f"dirichlet: after max_tries={max_tries} draws, {short} of {num_clients} clients still had "
+        f"fewer than min_size={min_size} samples (smallest {smallest}) with alpha={alpha} and "
+        f"{len(labels)} samples; lower min_size (0 accepts empty clients) or raise alpha"
+    )
+
+
+def _lda_fill(
+    need: int,
+    row: int,
+    probs: np.ndarray,
+    remaining: np.ndarray,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Class of each of ``need`` sequential draws for client ``row`` (see :func:`lda`).
+
+    Draws are made in blocks; a block is kept up to the draw that exhausts a class, that class is
+    removed from every row (``probs`` and ``remaining`` are updated in place), and the rest of the
+    block is redrawn. This has the same distribution as drawing one sample at a time.
+    """
+    out: list[np.ndarray] = []
+    while need > 0:
+        draws = rng.choice(len(remaining), size=need, p=probs[row])
+        stop = need
+        for c in np.unique(draws):
+            pos = np.flatnonzero(draws == c)
+            if len(pos) >= remaining[c]:
+                stop = min(stop, int(pos[remaining[c] - 1]) + 1)
+        kept = draws[:stop]
+        remaining -= np.bincount(kept, minlength=len(remaining))
+        out.append(kept)
+        need -= stop
+        if np.any(remaining[kept] == 0) and remaining.any():
+            exhausted = remaining == 0
+            probs[:, exhausted] = 0.0
+            probs[:, ~exhausted] += _LDA_EPS
+            probs /= probs.sum(axis=1, keepdims=True)
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+@PARTITIONERS.register("lda")
+def lda(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, alpha: float = 1.0
+) -> list[np.ndarray]:
+    """flwr ``create_lda_partitions`` with equal client sizes (fedl2p.md, "Partitioning by LDA").
+
+    Shuffle, then stable-sort by label. Client sizes: sample j counts toward client j mod N. One
+    Dirichlet row p_i ~ Dir(alpha * 1_K) per client. Clients are filled in order by drawing a class
+    from p_i and taking the next unused sample of that class. An exhausted class gets probability 0
+    in every row; as in flwr, eps=1e-5 is added to the remaining classes before renormalising, so a
+    row whose mass was only on exhausted classes becomes uniform over the remaining ones.
+    Deviation: one generator serves the shuffle, the Dirichlet matrix and the draws (flwr seeds
+    separate generators).
+    """
+    n = len(labels)
+    perm = rng.permutation(n)
+    order = perm[np.argsort(labels[perm], kind="stable")]
+    classes, starts = np.unique(labels[order], return_index=True)
+    pools = np.split(order, starts[1:])
+    remaining = np.array([len(p) for p in pools], dtype=np.int64)
+    taken = np.zeros(len(classes), dtype=np.int64)
+    sizes = np.bincount(np.arange(n) % num_clients, minlength=num_clients)
+    probs = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)
+    parts = []
+    for i in range(num_clients):
+        draws = _lda_fill(int(sizes[i]), i, probs, remaining, rng)
+        client = np.empty(len(draws), dtype=np.int64)
+        for c in np.unique(draws):
+            pos = np.flatnonzero(draws == c)
+            client[pos] = pools[c][taken[c] : taken[c] + len(pos)]
+            taken[c] += len(pos)
+        parts.append(client)
+    return parts
+
+
+def assign_classes(
+    num_classes: int,
+    num_clients: int,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    low: float = 0.4,
+    high: float = 0.6,
+) -> list[list[tuple[int, float]]]:
+    """Step A of the pFedHN/pFedGP client split, MetaVers version (metavers.md, "Client split").
+
+    cnt = C*U/K clients per class (must be an integer). Per class in order: cnt proportions from
+    U(low, high), normalised to sum 1. Per client in order: draw uniformly among the classes with
+    the largest remaining count, redraw on duplicates, until it has C classes; its proportion for
+    class c is popped from the end of c's list. Returns ``[(class, proportion), ...]`` per client.
+    """
+    total = classes_per_client * num_clients
+    if classes_per_client > num_classes or total % num_classes:
+        raise ValueError(
+            f"classes_per_client: C*U/K = {classes_per_client}*{num_clients}/{num_classes} must be "
+            f"an integer with C <= K"
+        )
+    cnt = total // num_classes
+    proportions = []
+    for _ in range(num_classes):
+        p = rng.uniform(low, high, cnt)
+        proportions.append(list(p / p.sum()))
+    remaining = np.full(num_classes, cnt)
+    assignment = []
+    for _ in range(num_clients):
+        chosen: list[int] = []
+        while len(chosen) < classes_per_client:
+            c = int(rng.choice(np.flatnonzero(remaining == remaining.max())))
+            if c not in chosen:
+                chosen.append(c)
+                remaining[c] -= 1
+        assignment.append([(c, float(proportions[c].pop())) for c in chosen])
+    return assignment
+
+
+def split_by_assignment(
+    labels: np.ndarray, assignment: list[list[tuple[int, float]]], rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Step B (metavers.md, "Client split"): per class (in class order) shuffle its indices; each
+    client, in order, takes the next floor(n_c * p) indices of each of its classes."""
+    num_classes = max([int(labels.max()) + 1] + [c + 1 for client in assignment for c, _ in client])
+    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    cursor = np.zeros(num_classes, dtype=np.int64)
+    parts = []
+    for client in assignment:
+        chunks = []
+        for c, p in client:
+            take = int(np.floor(len(pools[c]) * p))
+            chunks.append(pools[c][cursor[c] : cursor[c] + take])
+            cursor[c] += take
+        parts.append(np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64))
+    return _int64_list(parts)
+
+
+@PARTITIONERS.register("classes_per_client")
+def classes_per_client(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    classes_per_client: int = 2,
+    low: float = 0.4,
+    high: float = 0.6,
+) -> list[np.ndarray]:
+    """pFedHN/pFedGP split as in MetaVers (metavers.md, "Client split"): Step A then Step B.
+
+    K is ``labels.max() + 1``. Only the floor parts are assigned, so a few samples per class stay
+    unused. Use :func:`assign_classes` and :func:`split_by_assignment` to apply one assignment to
+    several splits (train/val/test).
+    """
+    num_classes = int(labels.max()) + 1
+    assignment = assign_classes(num_classes, num_clients, classes_per_client, rng, low, high)
+    return split_by_assignment(labels, assignment, rng)
+
+
+def rotation_group_of(client_id: int, num_clients: int, num_groups: int) -> int:
+    """Group of ``client_id`` under :func:`rotation_groups`: clients g*m .. g*m+m-1 form group g."""
+    return client_id // (num_clients // num_groups)
+
+
+@PARTITIONERS.register("rotation_groups")
+def rotation_groups(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, num_groups: int = 10
+) -> list[np.ndarray]:
+    """RMNIST default partition (cafeme.md, "RMNIST"): shuffle arange(N), cut into ``num_groups``
+    equal chunks, cut chunk g into m = num_clients/num_groups clients g*m .. g*m+m-1."""
+    if num_clients % num_groups:
+        raise ValueError(
+            f"rotation_groups: num_clients={num_clients} is not divisible by num_groups={num_groups}"
+        )
+    chunks = np.array_split(rng.permutation(len(labels)), num_groups)
+    per_group = num_clients // num_groups
+    return _int64_list([part for chunk in chunks for part in np.array_split(chunk, per_group)])
+
+
+@PARTITIONERS.register("natural")
+def natural(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, groups: np.ndarray
+) -> list[np.ndarray]:
+    """One client per natural group (writer, user, domain), in sorted group-id order.
+
+    With fewer clients than groups, ``num_clients`` group ids are chosen uniformly without
+    replacement (cafeme.md, FEMNIST: "samples 100 writers uniformly") and kept in sorted order.
+    """
+    groups = np.asarray(groups)
+    if len(groups) != len(labels):
+        raise ValueError(f"natural: {len(groups)} group ids for {len(labels)} samples")
+    ids = np.unique(groups)
+    if num_clients > len(ids):
+        raise ValueError(f"natural: num_clients={num_clients} but only {len(ids)} groups exist")
+    if num_clients < len(ids):
+        ids = np.sort(rng.choice(ids, size=num_clients, replace=False))
+    return _int64_list([np.flatnonzero(groups == g) for g in ids])
+
+
+def _keyword_params(fn: Partitioner) -> dict[str, inspect.Parameter]:
+    return {
+        name: p
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "groups"
+    }
+
+
+def partitioner_params(name: str) -> dict[str, object]:
+    """The tunable keyword parameters of partitioner ``name`` and their defaults."""
+    return {k: p.default for k, p in _keyword_params(PARTITIONERS.get(name)).items()}
+
+
+def partition(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+    **params: object,
+) -> list[np.ndarray]:
+    """Run partitioner ``name`` after checking ``params``; ``groups`` goes only to ``natural``-style
+    partitioners (those with a ``groups`` keyword)."""
+    fn = PARTITIONERS.get(name)
+    allowed = _keyword_params(fn)
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"partitioner {name!r} has no parameter {key!r}; allowed: "
+                f"{', '.join(sorted(allowed)) or '(none)'}"
+            )
+    if num_clients < 1:
+        raise ValueError(f"partitioner {name!r}: num_clients must be >= 1, got {num_clients}")
+    labels = np.asarray(labels)
+    if "groups" in inspect.signature(fn).parameters:
+        if groups is None:
+            raise ValueError(f"partitioner {name!r} needs per-sample groups; the dataset has none")
+        params["groups"] = np.asarray(groups)
+    return fn(labels, num_clients, rng, **params)

@@ -1,0 +1,163 @@
+"""Evaluation protocols, separate from the algorithms (DESIGN.md, "Evaluation protocols").
+
+* ``unseen``: held-out clients that never trained start from the method's predictor and, for
+  methods that fine-tune at evaluation, take N SGD steps on their train (personalization) split
+  with lr_k = lr * gamma ** floor(k / decay_every), evaluating on their test split before every
+  step: an accuracy curve over steps 0..N (CAFeMe spec, "Evaluation protocol").
+* ``seen``: the training clients, each with its personalized predictor, evaluated on its test
+  split (the same fine-tuning applies if ``steps`` > 0).
+
+Every protocol keeps per-client results, and summarises each step both as the unweighted mean over
+clients and as the sample-weighted accuracy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pfl_core.algorithms.base import Algorithm, ClientContext, HyperParams, ServerState
+from pfl_core.registry import Registry
+from pfl_core.training import Params, forward, sgd_step
+
+PROTOCOLS: Registry = Registry("evaluation protocol")
+
+
+@dataclass
+class EvalConfig(HyperParams):
+    """Settings of an evaluation protocol (both protocols share them)."""
+
+    steps: int = 0
+    """Personalization steps at evaluation for methods that fine-tune (CAFeMe: 50)."""
+    lr: float = 0.01
+    """Fine-tuning learning rate (CAFeMe: ``lr_ft`` for baselines, ``lr_ft_pfl`` for CAFeMe)."""
+    gamma: float = 0.8
+    """Multiplicative learning-rate decay (CAFeMe: 0.8)."""
+    decay_every: int = 5
+    """Decay the learning rate after every this many steps (CAFeMe: 5)."""
+    batch_size: int = 0
+    """Evaluation batch size; 0 = the federation's training batch size."""
+    reduction: str = "batch_mean"
+    """Client accuracy: ``batch_mean`` = unweighted mean of per-batch accuracies, batches of size 1
+    skipped (CAFeMe code); ``sample`` = correct predictions / samples."""
+    split: str = "test"
+    """The client split evaluated on."""
+
+    def __post_init__(self) -> None:
+        if self.reduction not in ("batch_mean", "sample"):
+            raise ValueError(f"reduction must be 'batch_mean' or 'sample', got {self.reduction!r}")
+
+    def lr_at(self, step: int) -> float:
+        return self.lr * self.gamma ** (step // self.decay_every)
+
+
+@dataclass
+class ClientResult:
+    """One client's evaluation: accuracy and loss after 0..steps personalization steps."""
+
+    cid: int
+    num_samples: int
+    acc: list[float]
+    loss: list[float]
+
+
+@dataclass
+class EvalResult:
+    clients: list[ClientResult]
+    summary: dict[str, float] = field(default_factory=dict)
+    curve_mean: list[float] = field(default_factory=list)
+    curve_weighted: list[float] = field(default_factory=list)
+
+
+@torch.no_grad()
+def evaluate_params(model: nn.Module, params: Params, ctx: ClientContext, cfg: EvalConfig) -> tuple[float, float]:
+    """(accuracy, mean loss) of ``params`` on the client's evaluation split, batched in the
+    split's fixed order (BatchNorm uses each evaluation batch's statistics)."""
+    correct, seen, batch_accs, loss_sum = 0, 0, [], 0.0
+    for index in ctx.streams[cfg.split].epoch():
+        x, y = ctx.dataset.batch(index)
+        logits = forward(model, params, x)
+        hits = (logits.argmax(1) == y).sum()
+        loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+        n = y.numel()
+        correct += int(hits)
+        seen += n
+        if n > 1:
+            batch_accs.append(float(hits) / n)
+    if cfg.reduction == "sample" or not batch_accs:
+        acc = correct / max(seen, 1)
+    else:
+        acc = sum(batch_accs) / len(batch_accs)
+    return acc, loss_sum / max(seen, 1)
+
+
+def personalize_and_evaluate(
+    model: nn.Module, params: Params, ctx: ClientContext, cfg: EvalConfig, steps: int
+) -> ClientResult:
+    """Evaluate, then take one SGD step on the next train batch, ``steps`` times; evaluate last."""
+    accs, losses = [], []
+    for step in range(steps + 1):
+        acc, loss = evaluate_params(model, params, ctx, cfg)
+        accs.append(acc)
+        losses.append(loss)
+        if step < steps:
+            x, y = ctx.next_batch("train")
+            params, _ = sgd_step(model, params, x, y, cfg.lr_at(step))
+    return ClientResult(ctx.cid, ctx.num_samples(cfg.split), accs, losses)
+
+
+def summarise(results: list[ClientResult]) -> EvalResult:
+    """Per-step unweighted client mean and sample-weighted mean, plus scalar summaries:
+    ``acc`` / ``acc_weighted`` at the last step and ``acc_last3`` / ``acc_last3_weighted``, the
+    mean of the last three steps (CAFeMe's table statistic, per seed)."""
+    steps = len(results[0].acc)
+    total = sum(r.num_samples for r in results)
+    mean = [sum(r.acc[k] for r in results) / len(results) for k in range(steps)]
+    weighted = [sum(r.acc[k] * r.num_samples for r in results) / total for k in range(steps)]
+    loss = sum(r.loss[-1] for r in results) / len(results)
+    summary = {
+        "acc": mean[-1],
+        "acc_weighted": weighted[-1],
+        "acc_last3": sum(mean[-3:]) / len(mean[-3:]),
+        "acc_last3_weighted": sum(weighted[-3:]) / len(weighted[-3:]),
+        "acc_step0": mean[0],
+        "eval_loss": loss,
+    }
+    return EvalResult(results, summary, mean, weighted)
+
+
+class Protocol:
+    """Evaluates a method's predictors on a set of clients (chosen by subclasses)."""
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+
+    def client_ids(self, train_clients: list[int], unseen_clients: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext]) -> EvalResult:
+        steps = self.cfg.steps if algorithm.finetune_at_eval else 0
+        results = [
+            personalize_and_evaluate(algorithm.model, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
+            for ctx in contexts.values()
+        ]
+        return summarise(results)
+
+
+@PROTOCOLS.register("unseen")
+class UnseenClients(Protocol):
+    """Held-out clients that never trained (CAFeMe's 20 new clients)."""
+
+    def client_ids(self, train_clients, unseen_clients):
+        if not unseen_clients:
+            raise ValueError("the 'unseen' protocol needs held-out clients: set data.unseen_fraction > 0")
+        return unseen_clients
+
+
+@PROTOCOLS.register("seen")
+class SeenClients(Protocol):
+    """The training clients, each with its personalized predictor."""
+
+    def client_ids(self, train_clients, unseen_clients):
+        return train_clients

@@ -1,0 +1,45 @@
+"""Independent random streams derived from one run seed (DESIGN.md, "Randomness").
+
+Each purpose (partition, model init, client sampling, batch order, evaluation, ...) gets its own
+stream, derived from ``(seed, purpose)`` alone. Changing the method, or how many numbers another
+purpose consumes, therefore never changes the partition or the sequence of sampled clients.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+PURPOSES = ("partition", "split", "unseen", "init", "sampling", "batches", "train", "eval")
+
+
+def _purpose_key(purpose: str) -> int:
+    return int.from_bytes(hashlib.sha256(purpose.encode()).digest()[:4], "little")
+
+
+class RunStreams:
+    """Factory of per-purpose generators for one run seed.
+
+    ``streams.numpy("partition")`` and ``streams.torch("init")`` return fresh generators; calling
+    twice with the same purpose returns generators in the same initial state. Use a sub-key
+    (``streams.numpy("batches", client_id)``) for per-client streams.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def _sequence(self, purpose: str, *sub: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence([self.seed, _purpose_key(purpose), *map(int, sub)])
+
+    def numpy(self, purpose: str, *sub: int) -> np.random.Generator:
+        return np.random.default_rng(self._sequence(purpose, *sub))
+
+    def seed_int(self, purpose: str, *sub: int) -> int:
+        """A 63-bit integer seed for libraries that take an int (torch, scikit-learn)."""
+        return int(self._sequence(purpose, *sub).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+    def torch(self, purpose: str, *sub: int, device: str | torch.device = "cpu") -> torch.Generator:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(self.seed_int(purpose, *sub))
+        return gen

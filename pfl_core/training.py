@@ -1,0 +1,83 @@
+"""Functional training primitives: parameters live in a dict and models are called through
+``torch.func.functional_call`` (DESIGN.md, "Algorithms"). Keeping a client update a pure function of
+(parameters, batches) is what lets meta-learning methods differentiate through it and what will
+later let client updates be vectorised."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+Params = dict[str, torch.Tensor]
+
+
+def model_params(model: nn.Module) -> Params:
+    """Detached copies of a module's parameters (the module itself stays a stateless template)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def clone_params(params: Mapping[str, torch.Tensor]) -> Params:
+    return {name: p.detach().clone() for name, p in params.items()}
+
+
+def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return functional_call(model, dict(params), (x,))
+
+
+def batch_loss(model: nn.Module, params: Mapping[str, torch.Tensor], x, y) -> torch.Tensor:
+    """Mean cross-entropy of the model with ``params`` on one batch."""
+    return F.cross_entropy(forward(model, params, x), y)
+
+
+def gradients(model: nn.Module, params: Params, x, y) -> tuple[Params, torch.Tensor]:
+    """(d loss / d params, loss) at ``params`` on one batch; the loss is returned detached."""
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    loss = batch_loss(model, leaves, x, y)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return dict(zip(leaves, grads)), loss.detach()
+
+
+def sgd_step(
+    model: nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    prox_mu: float = 0.0,
+    prox_anchor: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[Params, torch.Tensor]:
+    """One SGD step ``p <- p - lr * (grad + mu * (p - anchor))``; the proximal term is optional.
+
+    Returns the new (detached) parameters and the loss before the step.
+    """
+    grads, loss = gradients(model, params, x, y)
+    with torch.no_grad():
+        new = {}
+        for name, p in params.items():
+            g = grads[name]
+            if prox_mu:
+                g = g + prox_mu * (p - prox_anchor[name])
+            new[name] = p - lr * g
+    return new, loss
+
+
+def average_params(updates: Iterable[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> Params:
+    """Weighted average of parameter dicts; weights are normalised to sum to one."""
+    updates, weights = list(updates), [float(w) for w in weights]
+    if not updates:
+        raise ValueError("cannot average zero updates")
+    total = sum(weights)
+    if total <= 0:
+        raise ValueError(f"aggregation weights must sum to a positive number, got {weights}")
+    with torch.no_grad():
+        return {
+            name: sum(w / total * u[name] for u, w in zip(updates, weights))
+            for name in updates[0]
+        }
+
+
+def all_finite(params: Mapping[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params.values())
