@@ -40,9 +40,10 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str) -> pd.DataFrame:
 
 
 def spread(values: pd.Series, kind: str, ddof: int) -> float:
-    """The paper's +- convention applied to our seeds: std or SEM with the given ddof."""
+    """The paper's +- convention applied to our seeds: std or SEM with the given ddof
+    (NaN for fewer than two seeds: one seed has no spread)."""
     n = len(values)
-    if n == 0 or kind == "none" or n - ddof <= 0:
+    if n < 2 or kind == "none" or n - ddof <= 0:
         return math.nan
     std = float(values.std(ddof=ddof))
     return std / math.sqrt(n) if kind == "sem" else std

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import inspect
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import yaml
 
 from pfl_core.algorithms import METHODS
 from pfl_core.config import ConfigError, RunConfig, section_keys
-from pfl_core.data import DATASETS, PARTITIONERS
+from pfl_core.data import DATASETS, partitioner_params
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.models import MODELS
 from pfl_core.registry import UnknownNameError
@@ -213,10 +212,8 @@ def validate_config(config: dict, where: str) -> dict:
         partition = dict(cfg.data.partition)
         if "name" not in partition:
             raise ConfigError("data.partition needs a 'name'")
-        part_fn = PARTITIONERS.get(partition.pop("name"))
-        allowed = {p.name for p in inspect.signature(part_fn).parameters.values()
-                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "groups"}
-        unknown = sorted(set(partition) - allowed)
+        allowed = partitioner_params(partition.pop("name"))
+        unknown = sorted(set(partition) - set(allowed))
         if unknown:
             raise ConfigError(f"data.partition: unknown parameter(s) {unknown}; allowed: {sorted(allowed)}")
     except (ConfigError, UnknownNameError, ValueError, TypeError) as err:

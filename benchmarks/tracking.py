@@ -101,6 +101,8 @@ class Tracker:
             "seed": str(spec.seed), "profile": spec.profile, "config_hash": spec.config_hash,
             "git_commit": git[0], "git_dirty": str(git[1]).lower(),
             "device": outcome.get("info", {}).get("device", ""),
+            "partition_digest": outcome.get("info", {}).get("partition_digest", ""),
+            "sampling_digest": outcome.get("info", {}).get("sampling_digest", ""),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             **{f"cell.{k}": v for k, v in spec.cell.items()},
         }

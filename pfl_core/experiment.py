@@ -6,6 +6,8 @@ returns metrics, per-round history and per-client results. It knows nothing of M
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -35,6 +37,17 @@ def resolve_device(device: str = "auto") -> torch.device:
 @functools.lru_cache(maxsize=4)
 def _cached_dataset(name: str, params_items: tuple, split: str, data_dir: str | None) -> ArrayDataset:
     return load_dataset(name, data_dir=data_dir, split=split, **dict(params_items))
+
+
+def digest(obj) -> str:
+    """A short stable hash of a JSON-able object (partition, sampled clients)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def partition_digest(fed) -> str:
+    """Hash of every client's split indices: equal digests mean identical client data."""
+    return digest([{k: v.tolist() for k, v in sorted(c.splits.items())} for c in fed.clients]
+                  + [fed.train_clients, fed.unseen_clients])
 
 
 @dataclass
@@ -98,6 +111,8 @@ def run_experiment(
         "dataset_description": dataset.description,
         "num_train_clients": len(fed.train_clients),
         "num_unseen_clients": len(fed.unseen_clients),
+        "partition_digest": partition_digest(fed),
+        "sampling_digest": digest(fed_result.sampled),
         "short_train_splits": sorted(c for c, ctx in fed_result.contexts.items() if ctx.streams["train"].short),
     }
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)

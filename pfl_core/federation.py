@@ -72,6 +72,8 @@ class FederationResult:
     history: list[dict[str, float]] = field(default_factory=list)
     """Per-round metrics: ``round``, ``train_loss`` and, on evaluation rounds, the eval summary."""
     final: EvalResult | None = None
+    sampled: list[list[int]] = field(default_factory=list)
+    """The clients sampled in each round (depends on the seed alone)."""
     contexts: dict[int, ClientContext] = field(default_factory=dict)
 
 
@@ -108,6 +110,7 @@ def run_federation(
 
     for round_idx in range(cfg.rounds):
         sampled = sampler.sample()
+        result.sampled.append(sampled)
         updates = [algorithm.client_update(server, train_ctx[cid], round_idx) for cid in sampled]
         loss = float(torch.stack([u.loss for u in updates]).mean())
         if not np.isfinite(loss):
