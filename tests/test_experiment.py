@@ -36,7 +36,7 @@ def test_changing_only_the_method_keeps_partition_and_client_sampling():
 
 
 def test_history_has_one_row_per_round_and_evaluates_on_schedule():
-    result = run_experiment(_config(eval_every=2, rounds=4), device="cpu")
+    result = run_experiment(_config("fedavg_ft", eval_every=2, rounds=4), device="cpu")
     assert [row["round"] for row in result.history] == [1, 2, 3, 4]
     assert ["acc" in row for row in result.history] == [False, True, False, True]
     assert len(result.curve_mean) == 4  # steps 0..3
