@@ -1,0 +1,83 @@
+"""Shared helpers for the harness tests (suite files, MLflow stores in tmp_path)."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_suite_dict() -> dict:
+    """A tiny suite in the layout of suites/demo/offline.yaml: digits28, 10 clients, MLR,
+    2 settings x 3 methods, seeds [0, 1]; ``smoke`` (2 rounds) and ``quick`` (1 seed) profiles."""
+    return {
+        "paper": "tiny",
+        "name": "mini",
+        "table": "Tiny table",
+        "caption": "Tiny caption: digits28 with ten clients, for the harness tests.",
+        "metric": {"key": "acc_last3", "label": "test accuracy (%)", "scale": 100,
+                   "averaging": "Unweighted mean over clients.", "pm": "std", "ddof": 0},
+        "base": {
+            "data": {"dataset": "digits28", "num_clients": 10, "unseen_fraction": 0.2,
+                     "client_splits": {"test": 0.2},
+                     "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20}},
+            "model": {"name": "mlr"},
+            "method": {"params": {"lr": 0.05, "local_epochs": 1}},
+            "federation": {"rounds": 3, "clients_per_round": 3, "batch_size": 30},
+            "evaluation": {"protocol": "unseen", "params": {"steps": 3, "lr": 0.05}},
+        },
+        "grid": [
+            {"name": "setting", "values": [
+                {"label": "dir", "set": {"data.partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20}}},
+                {"label": "iid", "set": {"data.partition": {"name": "iid"}}},
+            ]},
+            {"name": "method", "key": "method.name", "values": ["local", "fedavg", "fedavg_ft"]},
+        ],
+        "seeds": [0, 1],
+        "profiles": {
+            "smoke": {"description": "tests", "seeds": [0, 1],
+                      "set": {"federation.rounds": 2, "evaluation.params.steps": 2}},
+            "quick": {"seeds": [0], "set": {"federation.rounds": 1}},
+        },
+        "published": [
+            {"cell": {"setting": "dir", "method": "fedavg"}, "mean": 50.0, "pm": 1.5,
+             "pm_kind": "std", "runs": 5, "source": "Table 1"},
+            {"cell": {"setting": "iid", "method": "local"}, "mean": 30.0, "pm": 2.0,
+             "pm_kind": "std", "runs": 5, "source": "Table 1"},
+        ],
+    }
+
+
+def write_suite(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def suite_data() -> dict:
+    """A fresh (mutable) copy of the tiny suite mapping."""
+    return copy.deepcopy(tiny_suite_dict())
+
+
+@pytest.fixture
+def tiny_suite(tmp_path) -> Path:
+    """Path of the tiny suite written into tmp_path."""
+    return write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
+
+
+def store(root: Path) -> tuple[str, Path]:
+    """(tracking URI, artifact root) of an MLflow SQLite store under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root}/mlflow.db", root / "mlartifacts"
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """cwd = tmp_path (keeps relative results/ and reports/ out of the repo), no MLFLOW_TRACKING_URI."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
