@@ -10,12 +10,16 @@ DEVICE   ?= auto
 PORT     ?= 5000
 PFLBENCH := $(BIN)/pflbench
 STAMP    := $(VENV)/.installed
+SUITES   := $(sort $(wildcard suites/*/*.yaml))
+RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-fast mlflow-ui list clean-results
 
 help: ## List every target with one line
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@for f in $(SUITES); do p=$$(basename $$(dirname $$f)); n=$$(basename $$f .yaml); \
+		printf "  \033[36m%-26s\033[0m run %s, then render its report\n" "reproduce-$$p-$$n" "$$f"; done
 	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
 
 $(STAMP): pyproject.toml
@@ -29,6 +33,12 @@ setup: $(STAMP) ## Create .venv and install the project with its dev extra
 
 demo: $(STAMP) ## Run the offline demo suite (no download) and render its report
 	$(PFLBENCH) run suites/demo/offline.yaml --jobs $(JOBS) --device $(DEVICE) --report
+
+reproduce-%: $(STAMP) ## reproduce-<paper>-<suite>: one suite; reproduce-<paper>: all of a paper
+	@suites="$(filter suites/$(subst -,/,$*).yaml,$(SUITES))"; \
+	[ -n "$$suites" ] || suites="$(filter suites/$*/%,$(SUITES))"; \
+	[ -n "$$suites" ] || { echo "no suite for '$*'; see 'make help'"; exit 2; }; \
+	for f in $$suites; do $(call RUN,$$f) || exit $$?; done
 
 test: $(STAMP) ## Run the whole test suite
 	$(BIN)/python -m pytest -q

@@ -1,11 +1,17 @@
-"""Method registry: one module per algorithm, registered by name."""
+"""Method registry: one module per algorithm, registered by name with ``@METHODS.register``.
+
+Every module of this package is imported here, so adding ``<name>.py`` that registers itself is
+all it takes to add a method.
+"""
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 from pfl_core.registry import Registry
 
 METHODS: Registry = Registry("method")
 
-from pfl_core.algorithms import fedavg, local  # noqa: E402,F401  (registers the methods)
 from pfl_core.algorithms.base import (  # noqa: E402
     Algorithm,
     ClientContext,
@@ -13,5 +19,8 @@ from pfl_core.algorithms.base import (  # noqa: E402
     HyperParams,
     ServerState,
 )
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["METHODS", "Algorithm", "ClientContext", "ClientUpdate", "HyperParams", "ServerState"]
