@@ -22,4 +22,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-from pfl_core.models import cnn, linear  # noqa: E402,F401  (registers the models)
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
+
+# every module of this package registers its models on import
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
