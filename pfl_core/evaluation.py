@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
-
 from pfl_core.algorithms.base import Algorithm, ClientContext, HyperParams, ServerState
 from pfl_core.registry import Registry
-from pfl_core.training import Params, forward, sgd_step
+from pfl_core.training import Params
 
 PROTOCOLS: Registry = Registry("evaluation protocol")
 
@@ -71,13 +69,16 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate_params(model: nn.Module, params: Params, ctx: ClientContext, cfg: EvalConfig) -> tuple[float, float]:
+def evaluate_params(algorithm: Algorithm, params: Params, ctx: ClientContext, cfg: EvalConfig) -> tuple[float, float]:
     """(accuracy, mean loss) of ``params`` on the client's evaluation split, batched in the
-    split's fixed order (BatchNorm uses each evaluation batch's statistics)."""
+    split's fixed order (BatchNorm uses each evaluation batch's statistics). With the
+    ``batch_mean`` reduction, batches of one sample are skipped, as in the CAFeMe code."""
     correct, seen, batch_accs, loss_sum = 0, 0, [], 0.0
     for index in ctx.streams[cfg.split].epoch():
+        if cfg.reduction == "batch_mean" and index.numel() == 1:
+            continue
         x, y = ctx.dataset.batch(index)
-        logits = forward(model, params, x)
+        logits = algorithm.logits(params, x, ctx)
         hits = (logits.argmax(1) == y).sum()
         loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
         n = y.numel()
@@ -93,17 +94,17 @@ def evaluate_params(model: nn.Module, params: Params, ctx: ClientContext, cfg: E
 
 
 def personalize_and_evaluate(
-    model: nn.Module, params: Params, ctx: ClientContext, cfg: EvalConfig, steps: int
+    algorithm: Algorithm, params: Params, ctx: ClientContext, cfg: EvalConfig, steps: int
 ) -> ClientResult:
     """Evaluate, then take one SGD step on the next train batch, ``steps`` times; evaluate last."""
     accs, losses = [], []
     for step in range(steps + 1):
-        acc, loss = evaluate_params(model, params, ctx, cfg)
+        acc, loss = evaluate_params(algorithm, params, ctx, cfg)
         accs.append(acc)
         losses.append(loss)
         if step < steps:
             x, y = ctx.next_batch("train")
-            params, _ = sgd_step(model, params, x, y, cfg.lr_at(step))
+            params = algorithm.finetune_step(params, x, y, cfg.lr_at(step), ctx)
     return ClientResult(ctx.cid, ctx.num_samples(cfg.split), accs, losses)
 
 
@@ -139,7 +140,7 @@ class Protocol:
     def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext]) -> EvalResult:
         steps = self.cfg.steps if algorithm.finetune_at_eval else 0
         results = [
-            personalize_and_evaluate(algorithm.model, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
+            personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
             for ctx in contexts.values()
         ]
         return summarise(results)

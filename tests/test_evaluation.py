@@ -40,7 +40,8 @@ def test_fine_tuning_curve_matches_a_hand_computed_schedule():
     model = build_model("mlr", (3,), 3)
     params = model_params(model)
     cfg = EvalConfig(steps=7, lr=0.5, gamma=0.5, decay_every=3, reduction="sample")
-    result = personalize_and_evaluate(model, params, _context(fed, 0, 4), cfg, cfg.steps)
+    alg = METHODS.get("fedavg_ft")(model, METHODS.get("fedavg_ft").hyper_class())
+    result = personalize_and_evaluate(alg, params, _context(fed, 0, 4), cfg, cfg.steps)
     assert len(result.acc) == len(result.loss) == 8
 
     ctx = _context(fed, 0, 4)  # same seed: same batch order
@@ -65,9 +66,10 @@ def test_batch_mean_accuracy_skips_batches_of_one_and_sample_accuracy_does_not()
     order = torch.cat(ctx.streams["test"].epoch())
     labels = fed.dataset.y[order]
     batch_accs = [float((labels[i:i + 2] == 0).float().mean()) for i in (0, 2)]  # last batch has 1
-    acc, _ = evaluate_params(model, params, ctx, EvalConfig(reduction="batch_mean"))
+    alg = METHODS.get("fedavg")(model, METHODS.get("fedavg").hyper_class())
+    acc, _ = evaluate_params(alg, params, ctx, EvalConfig(reduction="batch_mean"))
     assert acc == pytest.approx(sum(batch_accs) / 2)
-    acc, _ = evaluate_params(model, params, ctx, EvalConfig(reduction="sample"))
+    acc, _ = evaluate_params(alg, params, ctx, EvalConfig(reduction="sample"))
     assert acc == pytest.approx(3 / 5)
 
 

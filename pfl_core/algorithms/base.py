@@ -16,7 +16,7 @@ from torch import nn
 
 from pfl_core.batching import BatchStream
 from pfl_core.data.federated import ArrayDataset, Client
-from pfl_core.training import Params, average_params
+from pfl_core.training import Params, average_params, forward, sgd_step
 
 ServerState = dict[str, Any]
 
@@ -106,3 +106,13 @@ class Algorithm(ABC):
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""
         return server["params"]
+
+    def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:
+        """Predictions of ``params`` on ``x`` for ``client`` at evaluation (a hook for methods
+        whose forward needs more than the inputs, e.g. a labelled context batch)."""
+        return forward(self.model, params, x)
+
+    def finetune_step(self, params: Params, x: torch.Tensor, y: torch.Tensor, lr: float,
+                      client: ClientContext) -> Params:
+        """One SGD step of the evaluation protocol's personalization."""
+        return sgd_step(self.model, params, x, y, lr)[0]
