@@ -40,9 +40,8 @@ def cmd_run(args) -> int:
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.uri}")
-    if args.report:
-        return cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]}))
-    return 1 if summary.failed and args.strict else 0
+    rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]})) if args.report else 0
+    return 1 if summary.failed and args.strict else rc
 
 
 def cmd_report(args) -> int:

@@ -18,25 +18,32 @@ REPORTS_DIR = Path("reports")
 
 
 def collect_runs(suite: Suite, tracker: Tracker, profile: str) -> pd.DataFrame:
-    """One row per run of ``profile``: cell labels, seed, status, metric value, failure reason."""
+    """One row per run of the suite's current ``profile`` expansion: cell, seed, status, metric.
+
+    Runs are selected by config hash, not by tag: a run of an older version of the suite (edited
+    since) is left out, and a run shared with another profile (same resolved config, so skipped by
+    the runner) is counted.
+    """
     metric = suite.metric
+    wanted = {spec.config_hash: spec for spec in suite.expand(profile)}
     rows = []
     for run in tracker.runs(suite.key, status=None):
         tags = run.data.tags
-        if tags.get("profile") != profile:
+        spec = wanted.get(tags.get("config_hash"))
+        if spec is None:
             continue
         value = run.data.metrics.get(metric["key"])
         rows.append({
-            "cell": tags.get("cell"), "seed": int(tags.get("seed", -1)), "status": run.info.status,
+            "cell": spec.cell_id, "seed": spec.seed, "status": run.info.status,
             "value": None if value is None else value * metric["scale"],
             "failure_reason": tags.get("failure_reason", ""),
             "offline_data": tags.get("offline_data") == "true",
-            "config_hash": tags.get("config_hash"), "end_time": run.info.end_time or 0,
+            "config_hash": spec.config_hash, "end_time": run.info.end_time or 0,
         })
     frame = pd.DataFrame(rows, columns=["cell", "seed", "status", "value", "failure_reason",
                                         "offline_data", "config_hash", "end_time"])
-    # a run re-executed after a failure appears twice: keep the newest per (cell, seed, hash)
-    return frame.sort_values("end_time").drop_duplicates(["cell", "seed", "config_hash"], keep="last")
+    # a run re-executed after a failure appears twice: keep the newest per config hash
+    return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last")
 
 
 def spread(values: pd.Series, kind: str, ddof: int) -> float:

@@ -260,13 +260,21 @@ def load_suite(path: str | Path) -> Suite:
     axes = [_parse_axis(a, f"{path}: grid[{i}]") for i, a in enumerate(raw["grid"])]
     for name, prof in (raw.get("profiles") or {}).items():
         _check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
-    for name in raw.get("methods") or {}:
-        if name not in METHODS:
-            raise SuiteError(f"{path}: methods.{name}: unknown method; allowed: {METHODS.names()}")
+    method_sections = [("methods", raw.get("methods"))] + [
+        (f"profiles.{name}.methods", (prof or {}).get("methods"))
+        for name, prof in (raw.get("profiles") or {}).items()]
+    for where, section in method_sections:
+        for name in section or {}:
+            if name not in METHODS:
+                raise SuiteError(f"{path}: {where}.{name}: unknown method; allowed: {METHODS.names()}")
     suite = Suite(path, raw, axes)
     cells = suite.cells()
+    axis_names = [a.name for a in axes]
     for i, entry in enumerate(suite.published):
         _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
+        _check_keys(entry["cell"], set(axis_names), f"{path}: published[{i}].cell", set(axis_names))
+        # axis order and string labels, whatever the YAML wrote
+        entry["cell"] = {name: str(entry["cell"][name]) for name in axis_names}
         if entry["cell"] not in cells:
             raise SuiteError(f"{path}: published[{i}].cell {entry['cell']} is not a cell of the grid")
     for profile in suite.profiles:

@@ -5,6 +5,7 @@ dicts, so ``pfl_core`` imports neither YAML nor MLflow. Unknown keys are rejecte
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -81,6 +82,30 @@ class ConfigError(ValueError):
     """A configuration key or value is invalid; the message names its path."""
 
 
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def check_value_types(cls, values: dict, where: str = "") -> dict:
+    """Reject values whose type does not match a scalar field of dataclass ``cls``.
+
+    YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
+    suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
+    """
+    hints = typing.get_type_hints(cls)
+    checked = dict(values)
+    for name, value in values.items():
+        expected = hints.get(name)
+        if expected not in _SCALARS:
+            continue
+        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            checked[name], ok = float(value), True
+        if not ok:
+            raise ConfigError(f"{where}{name} must be {_SCALARS[expected]}, got {value!r} "
+                              f"({type(value).__name__})")
+    return checked
+
+
 def _build(cls, values: Any, path: str):
     if not isinstance(values, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(values).__name__}")
@@ -91,6 +116,7 @@ def _build(cls, values: Any, path: str):
         raise ConfigError(f"unknown key(s) {[where + k for k in unknown]}; allowed under "
                           f"{path or 'the run config'}: {sorted(known)}")
     kwargs = {}
+    values = check_value_types(cls, values, f"{path}." if path else "")
     for name, value in values.items():
         default = cls.__dataclass_fields__[name].default_factory
         sub = f"{path}.{name}" if path else name

@@ -34,7 +34,9 @@ class HyperParams:
                 f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
                 f"allowed: {sorted(allowed)}"
             )
-        return cls(**values)
+        from pfl_core.config import check_value_types  # config imports nothing from here
+
+        return cls(**check_value_types(cls, values, where))
 
 
 @dataclass
