@@ -4,13 +4,17 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 
 * ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
 * ``metric``: which run metric is tabulated and how the paper averaged it
-  (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``).
+  (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``), and how the report
+  computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round,
+  ``curve_metric``, ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
+  :mod:`benchmarks.reporting.metric`).
 * ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
   ``{label: ..., set: {dotted.key: value, ...}}``.
 * ``methods``: per-method dotted overrides, applied to every cell whose ``method.name`` matches.
-* ``seeds``: the seeds of the paper profile.
+* ``seeds``: the seeds of the paper profile. A config value ``"${seed}"`` is replaced by the run
+  seed (e.g. ``data.params.rotation_seed: "${seed}"``).
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``); ``paper`` is the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
@@ -44,7 +48,8 @@ CONFIG_VERSION = 1
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
             "seeds", "profiles", "published"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
-METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof"}
+METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "curve_metric",
+               "select_metric", "tolerance", "figure", "x_axis"}
 PROFILE_KEYS = {"seeds", "set", "methods", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 AXIS_KEYS = {"name", "key", "values"}
@@ -146,7 +151,8 @@ class Suite:
 
     @property
     def metric(self) -> dict:
-        """The tabulated metric with defaults filled in (label = key, scale 1, pm std, ddof 0)."""
+        """The tabulated metric with defaults filled in (label = key, scale 1, pm std, ddof 0);
+        the report's keys (aggregate, tolerance, ...) are defaulted by benchmarks.reporting.metric."""
         raw = self.raw["metric"]
         return {"label": raw["key"], "scale": 1.0, "pm": "std", "ddof": 0, "averaging": "", **raw}
 
@@ -185,8 +191,9 @@ class Suite:
             _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set")
             _apply(config, (prof.get("methods") or {}).get(method), f"{self.path}: profiles.{profile}.methods.{method}")
             for seed in run_seeds:
-                config["seed"] = int(seed)
-                resolved = validate_config(config, f"{self.path}: cell {cell_id(cell)}")
+                seeded = _substitute_seed(config, int(seed))
+                seeded["seed"] = int(seed)
+                resolved = validate_config(seeded, f"{self.path}: cell {cell_id(cell)}")
                 specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved)))
         return specs
 
@@ -197,6 +204,19 @@ class Suite:
         if profile not in profiles:
             raise SuiteError(f"{self.path}: unknown profile {profile!r}; allowed: {self.profiles}")
         return profiles[profile] or {}
+
+
+SEED_TOKEN = "${seed}"
+
+
+def _substitute_seed(value: Any, seed: int) -> Any:
+    """Replace every ``"${seed}"`` value by the run seed (e.g. ``data.params.rotation_seed``), so
+    per-seed randomness that lives outside the run's streams still follows the seed."""
+    if isinstance(value, dict):
+        return {k: _substitute_seed(v, seed) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute_seed(v, seed) for v in value]
+    return seed if value == SEED_TOKEN else value
 
 
 def validate_config(config: dict, where: str) -> dict:

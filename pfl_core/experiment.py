@@ -36,7 +36,8 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 @functools.lru_cache(maxsize=4)
 def _cached_dataset(name: str, params_items: tuple, split: str, data_dir: str | None) -> ArrayDataset:
-    return load_dataset(name, data_dir=data_dir, split=split, **dict(params_items))
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_items}
+    return load_dataset(name, data_dir=data_dir, split=split, **params)
 
 
 def digest(obj) -> str:
@@ -71,7 +72,8 @@ def run_experiment(
     dev = resolve_device(device)
     streams = RunStreams(cfg.seed)
     d = cfg.data
-    dataset = _cached_dataset(d.dataset, tuple(sorted(d.params.items())), d.split, data_dir)
+    params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
+    dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
     partition = dict(d.partition)
     fed = build_federated(
         dataset,

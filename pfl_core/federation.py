@@ -77,9 +77,20 @@ class FederationResult:
     contexts: dict[int, ClientContext] = field(default_factory=dict)
 
 
+def _param_dicts(value):
+    """Every parameter dict inside a server state (``params``, IFCA's cluster list, ...)."""
+    if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _param_dicts(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _param_dicts(v)
+
+
 def _check_finite(server: ServerState, round_idx: int) -> None:
-    params: Params | None = server.get("params")
-    if params is not None and not all_finite(params):
+    if not all(all_finite(params) for params in _param_dicts(server)):
         raise DivergenceError(f"non-finite server parameters after round {round_idx + 1}")
 
 

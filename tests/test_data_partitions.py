@@ -172,6 +172,6 @@ def test_partitioner_params_defaults():
     assert partitioner_params("shards") == {"num_shards": 200, "shards_per_client": 2}
     assert partitioner_params("natural") == {}
     assert partitioner_params("iid") == {}
-    assert set(PARTITIONERS.names()) == {
+    assert {
         "iid", "shards", "dirichlet", "lda", "classes_per_client", "rotation_groups", "natural"
-    }
+    } <= set(PARTITIONERS.names())

@@ -292,3 +292,14 @@ def test_published_cell_with_numeric_label(tmp_path, suite_data):
     suite_data["published"] = [{"cell": {"setting": "dir", "method": "fedavg", "rounds": 1}, "mean": 50.0}]
     suite = load_suite(write_suite(tmp_path / "num.yaml", suite_data))
     assert len(suite.published) == 1
+
+
+def test_seed_token_is_replaced_by_the_run_seed(tmp_path):
+    text = (REPO_ROOT / "suites" / "demo" / "offline.yaml").read_text()
+    text = text.replace("data.params: {alpha: 0.5, beta: 0.5}",
+                        'data.params: {alpha: 0.5, beta: 0.5, seed: "${seed}"}')
+    path = tmp_path / "seeded.yaml"
+    path.write_text(text)
+    specs = load_suite(path).expand("paper", only={"setting": ["synthetic-seen"], "method": ["fedavg"]})
+    assert [s.config["data"]["params"]["seed"] for s in specs] == [s.seed for s in specs] == [0, 1]
+    assert specs[0].config_hash != specs[1].config_hash

@@ -18,12 +18,14 @@ from pfl_core.seeding import RunStreams
 def _client_groups(
     name: str, params: dict, parts: list[np.ndarray], groups: np.ndarray | None
 ) -> list[int | None]:
-    """The group of each client when the partition defines one (rotation group, natural group)."""
+    """The group of each client: its rotation group, or the dataset group (writer, rotation chunk,
+    domain) that all of its samples share; None for clients that mix groups."""
     if name == "rotation_groups":
         num_groups = params.get("num_groups", partitioner_params(name)["num_groups"])
         return [rotation_group_of(c, len(parts), num_groups) for c in range(len(parts))]
-    if name == "natural" and groups is not None:
-        return [int(groups[idx[0]]) if len(idx) else None for idx in parts]
+    if groups is not None:
+        return [int(groups[idx[0]]) if len(idx) and (groups[idx] == groups[idx[0]]).all() else None
+                for idx in parts]
     return [None] * len(parts)
 
 
