@@ -13,13 +13,17 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
   ``{label: ..., set: {dotted.key: value, ...}}``.
 * ``methods``: per-method dotted overrides, applied to every cell whose ``method.name`` matches.
+* ``overrides``: a list of ``{when: {axis: label or [labels]}, set: {...}}``, applied in order to
+  the cells that match every condition (e.g. CAFeMe's model and fine-tuning rate per dataset).
 * ``seeds``: the seeds of the paper profile. A config value ``"${seed}"`` is replaced by the run
   seed (e.g. ``data.params.rotation_seed: "${seed}"``).
-* ``profiles``: named overrides (``seeds``, ``set``, ``methods``); ``paper`` is the base itself.
+* ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
+  the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
 
-A run's configuration is built as base <- cell values <- method overrides <- profile overrides.
+A run's configuration is built as base <- cell values <- method overrides <- conditional
+overrides <- profile overrides (``set``, then its ``methods``, then its ``overrides``).
 Every expanded run is validated (dataset, model, method, partitioner, protocol, every key) when
 the suite is loaded, so a bad suite fails before anything runs, with the file and key named.
 """
@@ -46,11 +50,12 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "seeds", "profiles", "published"}
+            "overrides", "seeds", "profiles", "published"}
+OVERRIDE_KEYS = {"when", "set"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "curve_metric",
                "select_metric", "tolerance", "figure", "x_axis"}
-PROFILE_KEYS = {"seeds", "set", "methods", "description"}
+PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 AXIS_KEYS = {"name", "key", "values"}
 FREE_FORM = ("data.params", "data.partition", "data.client_splits", "model.params",
@@ -188,14 +193,22 @@ class Suite:
                 _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}")
             method = config.get("method", {}).get("name")
             _apply(config, (self.raw.get("methods") or {}).get(method), f"{self.path}: methods.{method}")
+            self._apply_overrides(config, cell, self.raw.get("overrides"), "overrides")
             _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set")
             _apply(config, (prof.get("methods") or {}).get(method), f"{self.path}: profiles.{profile}.methods.{method}")
+            self._apply_overrides(config, cell, prof.get("overrides"), f"profiles.{profile}.overrides")
             for seed in run_seeds:
                 seeded = _substitute_seed(config, int(seed))
                 seeded["seed"] = int(seed)
                 resolved = validate_config(seeded, f"{self.path}: cell {cell_id(cell)}")
                 specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved)))
         return specs
+
+    def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str) -> None:
+        for i, entry in enumerate(overrides or []):
+            if all(cell[axis] in ([str(v) for v in want] if isinstance(want, list) else [str(want)])
+                   for axis, want in entry["when"].items()):
+                _apply(config, entry.get("set"), f"{self.path}: {where}[{i}].set")
 
     def _profile(self, profile: str) -> dict:
         if profile == "paper":
@@ -262,6 +275,21 @@ def _parse_axis(raw: Any, where: str) -> Axis:
     return Axis(str(raw["name"]), labels, settings)
 
 
+def _check_overrides(section: Any, axis_labels: dict[str, list[str]], where: str) -> None:
+    if section is None:
+        return
+    if not isinstance(section, list):
+        raise SuiteError(f"{where}: expected a list of {{when: ..., set: ...}}")
+    for i, entry in enumerate(section):
+        _check_keys(entry, OVERRIDE_KEYS, f"{where}[{i}]", OVERRIDE_KEYS)
+        _check_keys(entry["when"], set(axis_labels), f"{where}[{i}].when")
+        for axis, want in entry["when"].items():
+            for label in want if isinstance(want, list) else [want]:
+                if str(label) not in axis_labels[axis]:
+                    raise SuiteError(f"{where}[{i}].when.{axis}: {label!r} is not a label of the axis; "
+                                     f"labels: {axis_labels[axis]}")
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file; every run of every profile is checked before returning."""
     path = Path(path)
@@ -278,8 +306,13 @@ def load_suite(path: str | Path) -> Suite:
     if not isinstance(raw["grid"], list):
         raise SuiteError(f"{path}: grid must be a list of axes")
     axes = [_parse_axis(a, f"{path}: grid[{i}]") for i, a in enumerate(raw["grid"])]
+    axis_labels = {a.name: a.labels for a in axes}
+    override_sections = [("overrides", raw.get("overrides"))]
     for name, prof in (raw.get("profiles") or {}).items():
         _check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
+        override_sections.append((f"profiles.{name}.overrides", (prof or {}).get("overrides")))
+    for where, section in override_sections:
+        _check_overrides(section, axis_labels, f"{path}: {where}")
     method_sections = [("methods", raw.get("methods"))] + [
         (f"profiles.{name}.methods", (prof or {}).get("methods"))
         for name, prof in (raw.get("profiles") or {}).items()]

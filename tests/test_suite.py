@@ -303,3 +303,28 @@ def test_seed_token_is_replaced_by_the_run_seed(tmp_path):
     specs = load_suite(path).expand("paper", only={"setting": ["synthetic-seen"], "method": ["fedavg"]})
     assert [s.config["data"]["params"]["seed"] for s in specs] == [s.seed for s in specs] == [0, 1]
     assert specs[0].config_hash != specs[1].config_hash
+
+
+def test_conditional_overrides_apply_only_to_matching_cells(tmp_path):
+    raw = tiny_suite_dict()
+    axes = {a["name"]: a for a in raw["grid"]}
+    setting, method = list(axes)[0], "method"
+    first_setting = axes[setting]["values"][0]
+    first_label = first_setting["label"] if isinstance(first_setting, dict) else str(first_setting)
+    raw["overrides"] = [{"when": {setting: first_label, method: ["fedavg", "local"]},
+                         "set": {"federation.batch_size": 7}}]
+    suite = load_suite(write_suite(tmp_path / "suite.yaml", raw))
+    for spec in suite.expand("paper"):
+        hit = spec.cell[setting] == first_label and spec.method in ("fedavg", "local")
+        assert (spec.config["federation"]["batch_size"] == 7) == hit
+
+
+@pytest.mark.parametrize("when, message", [
+    ({"nope": "x"}, "unknown key"),
+    ({"method": "fedavgg"}, "not a label of the axis"),
+])
+def test_bad_override_conditions_are_rejected(tmp_path, when, message):
+    raw = tiny_suite_dict()
+    raw["overrides"] = [{"when": when, "set": {"federation.batch_size": 7}}]
+    with pytest.raises(SuiteError, match=message):
+        load_suite(write_suite(tmp_path / "suite.yaml", raw))
