@@ -86,7 +86,7 @@ _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a
 
 
 def check_value_types(cls, values: dict, where: str = "") -> dict:
-    """Reject values whose type does not match a scalar field of dataclass ``cls``.
+    """Reject values whose type does not match a scalar or ``Literal`` field of dataclass ``cls``.
 
     YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
     suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
@@ -95,6 +95,11 @@ def check_value_types(cls, values: dict, where: str = "") -> dict:
     checked = dict(values)
     for name, value in values.items():
         expected = hints.get(name)
+        if typing.get_origin(expected) is typing.Literal:
+            allowed = typing.get_args(expected)
+            if value not in allowed:
+                raise ConfigError(f"{where}{name} must be one of {list(allowed)}, got {value!r}")
+            continue
         if expected not in _SCALARS:
             continue
         ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))

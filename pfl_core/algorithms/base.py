@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Literal
 
 import torch
 from torch import nn
 
 from pfl_core.batching import BatchStream
+from pfl_core.config import check_value_types
 from pfl_core.data.federated import ArrayDataset, Client
 from pfl_core.training import Params, average_params, forward, sgd_step
 
 ServerState = dict[str, Any]
+#: server aggregation weights: ``samples`` (n_k / n, the FedAvg paper) or ``uniform`` (plain mean)
+Weighting = Literal["samples", "uniform"]
 
 
 @dataclass
@@ -34,8 +37,6 @@ class HyperParams:
                 f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
                 f"allowed: {sorted(allowed)}"
             )
-        from pfl_core.config import check_value_types  # config imports nothing from here
-
         return cls(**check_value_types(cls, values, where))
 
 
@@ -86,6 +87,7 @@ class Algorithm(ABC):
     finetune_at_eval: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, hp: HyperParams):
+        check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices
         self.model = model
         self.hp = hp
 
@@ -96,14 +98,17 @@ class Algorithm(ABC):
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
         """Train client ``client`` starting from ``server``; may read and write ``client.state``."""
 
+    def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
+        """Per-upload weights following ``hp.weighting`` (samples when the method has no such field)."""
+        weighting = getattr(self.hp, "weighting", "samples")
+        return [float(u.num_samples) if weighting == "samples" else 1.0 for u in updates]
+
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         """Average the uploads, weighted by samples or uniformly (``hp.weighting``)."""
         uploads = [u for u in updates if u.params is not None]
         if not uploads:
             return server
-        weighting = getattr(self.hp, "weighting", "samples")
-        weights = [u.num_samples if weighting == "samples" else 1.0 for u in uploads]
-        return {**server, "params": average_params([u.params for u in uploads], weights)}
+        return {**server, "params": average_params([u.params for u in uploads], self.aggregation_weights(uploads))}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""

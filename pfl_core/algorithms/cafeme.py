@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.optim import client_optimizer
 from pfl_core.training import Params
 
@@ -43,7 +43,7 @@ class CAFeMeHyper(HyperParams):
     """True: first-order MAML, as the code (spec diff 4). False: second order through the inner loop."""
     persist_outer_optimizer: bool = True
     """The client's Adam moments and step count carry over between its rounds (code, diff 5)."""
-    weighting: str = "uniform"
+    weighting: Weighting = "uniform"
     """Server aggregation: the code's plain mean (``uniform``) or ``samples``."""
 
 

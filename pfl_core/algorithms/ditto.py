@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.optim import client_optimizer
 from pfl_core.training import Params, gradients, sgd_step
 
@@ -52,14 +52,12 @@ class DittoHyper(HyperParams):
     predict with their personal model (Ditto paper); unseen clients, having none, use the global
     model. The protocol's fine-tuning steps apply in both cases (set evaluation steps to 0 for the
     paper's direct evaluation)."""
-    weighting: str = "uniform"
+    weighting: Weighting = "uniform"
     """Server aggregation: ``uniform`` = plain mean (CAFeMe code); ``samples`` = weighted by n_k."""
 
     def __post_init__(self) -> None:
         if self.anchor not in ("local_copy", "global"):
             raise ValueError(f"anchor must be 'local_copy' or 'global', got {self.anchor!r}")
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
         if self.global_steps < 1:
             raise ValueError(f"global_steps must be >= 1, got {self.global_steps}")
 

@@ -8,18 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd
 
 
 @dataclass
 class FedAvgHyper(LocalSGDHyper, HyperParams):
-    weighting: str = "samples"
+    weighting: Weighting = "samples"
     """``samples``: weight client k by n_k (FedAvg paper); ``uniform``: plain mean (CAFeMe code)."""
-
-    def __post_init__(self) -> None:
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
 
 
 @METHODS.register("fedavg")

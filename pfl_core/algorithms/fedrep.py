@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.optim import client_optimizer
 from pfl_core.training import Params, batch_loss
 
@@ -45,12 +45,10 @@ class FedRepHyper(HyperParams):
     persist_optimizer: bool = True
     """Head and body Adam moments and step counts carry over between the client's rounds (CAFeMe
     code: both optimisers are created once per client). False: fresh optimisers every round."""
-    weighting: str = "uniform"
+    weighting: Weighting = "uniform"
     """Server aggregation: ``uniform`` = plain mean (CAFeMe code); ``samples`` = weighted by n_k."""
 
     def __post_init__(self) -> None:
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
         if self.head_steps + self.body_steps < 1:
             raise ValueError("FedRep needs head_steps + body_steps >= 1")
 

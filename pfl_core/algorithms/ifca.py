@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState, Weighting
 from pfl_core.algorithms.fedavg import FedAvgHyper
 from pfl_core.algorithms.local_sgd import local_sgd
 from pfl_core.training import Params, average_params, batch_loss, model_params
@@ -37,7 +37,7 @@ class IFCAHyper(FedAvgHyper):
     """IFCA's local training is FedAvg's (``lr`` 0.001, ``local_epochs`` S = 5: code ``lr_outer``
     and ``adapt_steps`` epochs; FEMNIST S = 8)."""
 
-    weighting: str = "uniform"
+    weighting: Weighting = "uniform"
     """Per-cluster aggregation: ``uniform`` = plain mean over the clients that chose the cluster
     (CAFeMe code ``aggregate_model_params``); ``samples`` = weighted by train samples."""
     num_clusters: int = 4
@@ -48,7 +48,6 @@ class IFCAHyper(FedAvgHyper):
     :meth:`IFCA.init_server`). Changing it draws another set of independent initialisations."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
 
@@ -143,7 +142,7 @@ class IFCA(Algorithm):
         for j in range(len(clusters)):
             chosen = [u for u in updates if u.params is not None and u.cluster == j]
             if chosen:
-                weights = [u.num_samples if self.hp.weighting == "samples" else 1.0 for u in chosen]
+                weights = self.aggregation_weights(chosen)
                 clusters[j] = average_params([u.params for u in chosen], weights)
         return {**server, "params": clusters[0], "clusters": clusters}
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.training import Params, batch_loss, gradients
 
 
@@ -54,7 +54,7 @@ class PerFedAvgHyper(HyperParams):
     """True: after every iteration, advance the train stream past one batch, as the code does when
     it draws a batch only to log a loss (reproduces the code's batch consumption; nothing is
     computed on it). False: no extra batch."""
-    weighting: str = "uniform"
+    weighting: Weighting = "uniform"
     """Server aggregation: ``uniform`` = plain mean (CAFeMe code); ``samples`` = weighted by n_k."""
 
     def __post_init__(self) -> None:
@@ -62,8 +62,6 @@ class PerFedAvgHyper(HyperParams):
             raise ValueError(f"variant must be 'hf' or 'fo', got {self.variant!r}")
         if self.hvp not in ("exact", "finite_difference"):
             raise ValueError(f"hvp must be 'exact' or 'finite_difference', got {self.hvp!r}")
-        if self.weighting not in ("samples", "uniform"):
-            raise ValueError(f"weighting must be 'samples' or 'uniform', got {self.weighting!r}")
         if self.local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
 

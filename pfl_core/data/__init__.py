@@ -17,7 +17,7 @@ from pfl_core.data.partitions import (
     split_by_assignment,
 )
 from pfl_core.data.splits import split_indices, split_seen_unseen
-from pfl_core.data import femnist, metadataset, rmnist  # noqa: F401  (register datasets)
+from pfl_core.data import cgpfl_split, femnist, metadataset, rmnist  # noqa: F401  (register datasets)
 
 __all__ = [
     "ArrayDataset",

@@ -1,0 +1,106 @@
+"""APFL (Deng, Kamani, Mahdavi, 2020): adaptive personalized federated learning.
+
+Each client keeps a personal model v_i and a mixing weight alpha_i; its personalized model is
+``v_bar_i = alpha_i v_i + (1 - alpha_i) w_i``, where w_i is its copy of the global model (APFL paper,
+Algorithm 1; CGPFL spec, "Baselines", APFL). Every local step, on one mini-batch xi and at the
+*current* values (the three updates are simultaneous):
+
+* ``w_i <- w_i - lr * grad f_i(w_i; xi)``;
+* ``v_i <- v_i - lr * alpha_i * grad f_i(v_bar_i; xi)``   (chain rule: d f(v_bar)/d v);
+* ``alpha_i <- clip_[0,1](alpha_i - alpha_lr * <v_i - w_i, grad f_i(v_bar_i; xi)>)``
+  (d f(v_bar)/d alpha; the inner product runs over all parameters).
+
+The server averages w_i every tau = ``local_steps`` local steps (one communication round); w_i is
+reset to the global model at the start of each round, v_i and alpha_i persist. v_i starts at the
+first model the client receives.
+
+Switches: ``alpha_init`` (0.5, spec harness default), ``adaptive_alpha`` (True: the update above;
+False keeps alpha fixed), ``alpha_lr`` (0 = use ``lr``), ``mix_with`` (``global``: evaluate
+alpha_i v_i + (1 - alpha_i) w with the current global w, the synchronized w_i of the APFL paper's
+output; ``local``: with the client's w_i after its last local step), ``weighting``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.training import Params, average_params, clone_params, gradients
+
+
+@dataclass
+class APFLHyper(HyperParams):
+    lr: float = 0.005
+    """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; spec harness default)."""
+    local_steps: int = 10
+    """tau, local steps between synchronizations (spec harness default: tau = R = 10)."""
+    alpha_init: float = 0.5
+    """Initial mixing weight alpha_i (spec harness default 0.5; not given by the CGPFL paper)."""
+    adaptive_alpha: bool = True
+    """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""
+    alpha_lr: float = 0.0
+    """Step size of the alpha update; 0 = ``lr`` (APFL Algorithm 1 uses the same eta)."""
+    mix_with: str = "global"
+    """Which w the personalized model mixes at evaluation: ``global`` (server w) or ``local`` (w_i)."""
+    weighting: Weighting = "samples"
+    """Server average of w_i: ``samples`` (n_i weights) or ``uniform``."""
+
+    def __post_init__(self) -> None:
+        if self.mix_with not in ("global", "local"):
+            raise ValueError(f"mix_with must be 'global' or 'local', got {self.mix_with!r}")
+        if not 0 <= self.alpha_init <= 1:
+            raise ValueError(f"alpha_init must be in [0, 1], got {self.alpha_init}")
+        if self.local_steps < 1:
+            raise ValueError("local_steps must be >= 1")
+
+
+def mixture(v: Params, w: Params, alpha: float) -> Params:
+    """``alpha v + (1 - alpha) w``."""
+    with torch.no_grad():
+        return {k: alpha * v[k] + (1.0 - alpha) * w[k] for k in v}
+
+
+def apfl_step(model, w: Params, v: Params, alpha: float, x, y, lr: float, alpha_lr: float,
+              adaptive: bool = True) -> tuple[Params, Params, float, torch.Tensor]:
+    """One simultaneous APFL local step on batch (x, y); returns (w, v, alpha, loss at v_bar)."""
+    grad_w, _ = gradients(model, w, x, y)
+    v_bar = mixture(v, w, alpha)
+    grad_bar, loss = gradients(model, v_bar, x, y)
+    with torch.no_grad():
+        new_w = {k: w[k] - lr * grad_w[k] for k in w}
+        new_v = {k: v[k] - lr * alpha * grad_bar[k] for k in v}
+        if adaptive:
+            dot = sum(float(((v[k] - w[k]) * grad_bar[k]).sum()) for k in v)
+            alpha = min(1.0, max(0.0, alpha - alpha_lr * dot))
+    return new_w, new_v, alpha, loss
+
+
+@METHODS.register("apfl")
+class APFL(Algorithm):
+    """APFL: uploads w_i, keeps v_i and alpha_i in ``client.state``; predicts with v_bar_i."""
+
+    hyper_class = APFLHyper
+
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        hp = self.hp
+        w = server["params"]
+        v = client.state.get("v")
+        if v is None:
+            v = clone_params(w)
+        alpha = client.state.get("alpha", hp.alpha_init)
+        losses = []
+        for _ in range(hp.local_steps):
+            x, y = client.next_batch("train")
+            w, v, alpha, loss = apfl_step(self.model, w, v, alpha, x, y, hp.lr, hp.alpha_lr or hp.lr,
+                                          hp.adaptive_alpha)
+            losses.append(loss)
+        client.state.update(v=v, alpha=alpha, w=w)
+        return ClientUpdate(w, client.num_samples("train"), torch.stack(losses).mean())
+
+    def predictor(self, server: ServerState, client: ClientContext) -> Params:
+        if "v" not in client.state:
+            return server["params"]
+        w = server["params"] if self.hp.mix_with == "global" else client.state["w"]
+        return mixture(client.state["v"], w, client.state["alpha"])

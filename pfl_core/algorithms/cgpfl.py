@@ -1,0 +1,323 @@
+"""CGPFL and CGPFL-Heur (Tang, Guo, Guo, IJCAI 2022): personalized FL with contextualized
+generalization.
+
+The server keeps K context models Omega_K = [omega_1..omega_K] and an assignment of clients to
+contexts (P^t of the paper, kept as ``server["assign"]``: client id -> context). Per round
+(CGPFL paper, Algorithm 1; CGPFL spec, "CGPFL (paper Algorithm 1)"):
+
+1. every client i receives omega_{k(i)} (line 2, line 4: Omega_{I,0} = Omega_K J^t);
+2. R local rounds (lines 6-11), each: one mini-batch, S steps theta <- theta - eta grad F_i(theta)
+   with F_i(theta) = f_i(theta) + lam/2 ||theta - omega_{i,r}||^2, then the omega update (line 10).
+   This is :func:`pfl_core.algorithms.pfedme.prox_local_rounds`, the pFedMe mechanism itself;
+3. clients upload omega_{i,R}; the server runs k-means++ on them (line 13) -> P^{t+1};
+4. Omega^{t+1} = (1 - alpha) Omega^t + alpha * Omega_{I,R} P^{t+1} (line 14): each context moves
+   toward the plain mean of its members' uploads (p_{k,j} = 1/|C_k|, Eq. 2).
+
+The predictor is each client's personalized theta_i (Algorithm 1 output Theta^T_I).
+
+Reconstruction choices (named switches, CGPFL spec):
+
+* ``omega_update``: ``pfedme_equivalent`` (default) omega <- omega - lr*lam*(omega - theta): with
+  K = 1 exactly pFedMe's local update. ``paper_literal``: omega <- omega - lr*(2/N)(omega - theta),
+  the reconstructed grad_omega G = (2/N)(omega - theta) of Algorithm 1 line 10 with beta = lr and
+  N = ``literal_n``. In both modes the theta step is ``personal_lr``.
+* Clustering: scikit-learn ``KMeans`` (k-means++, ``kmeans_n_init`` = 10 restarts, at most
+  ``kmeans_max_iter`` = 300 Lloyd iterations) on flattened float64 parameter vectors. Its labels
+  define P^{t+1}; the new centres are then recomputed in torch as the member means, i.e. exactly
+  Omega_{I,R} P^{t+1} (equal to KMeans' centroids at convergence). With K = 1 no KMeans is run
+  (every client is in the one context), so CGPFL(K=1) reduces to pFedMe with uniform weights and
+  beta = alpha, bit for bit.
+* Seeding: the algorithm does not see the run seed, so round t's k-means uses
+  ``random_state = SeedSequence([kmeans_seed, t])``; set ``kmeans_seed`` per seed to vary it.
+* An empty context (possible when uploads coincide) keeps its previous centre (spec).
+* ``cluster_alignment``: ``hungarian`` (default) matches the new clusters to the previous centres
+  by minimum total squared distance before the alpha-step; with alpha = 1 (the paper's value) this
+  only renames contexts and changes no model. ``none`` uses KMeans' label order (for alpha < 1 the
+  paper does not specify the alignment).
+* Initialization: Omega^0 = K copies of the initial model omega^0, theta_i^0 = omega^0 (first model
+  received), P^0 = every client in context 0 (all centres are equal, so it does not matter).
+
+CGPFL-Heur (paper Section 4.4, expression (11); spec "CGPFL-Heur") is :class:`CGPFLHeur`: at the
+first aggregation only, for every K in 1..K_max (K_max = ``max_clusters`` or N/2) it clusters the
+uploads and picks argmin_K penalty(K) + mu * cost(K), with cost(K) = sum_i (m_i/m) min_k
+||omega_{i,R} - c_k||^2 (evaluated on the uploaded omega, not theta: the server never sees theta;
+m_i = the client's training-sample count) and penalty(K) = K*d (``penalty="kd"``, harness default)
+or sqrt(K*d) (``"sqrt_kd"``). K is then fixed for the rest of training.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
+from pfl_core.algorithms.pfedme import ProxHyper, mix, personal_predictor, prox_local_rounds
+from pfl_core.training import Params, average_params, clone_params
+
+OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
+ALIGNMENTS = ("hungarian", "none")
+PENALTIES = ("kd", "sqrt_kd")
+MU_SCALES = ("absolute", "relative")
+
+
+@dataclass
+class CGPFLHyper(ProxHyper):
+    """CGPFL hyperparameters; defaults are CGPFL Table 1 (MNIST/FMNIST MLR) and the spec's
+    harness defaults. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
+    local_rounds = R, hidden_l2, predictor) are documented on :class:`ProxHyper`."""
+
+    num_clusters: int = 4
+    """K, the number of context models (CGPFL Table 1: CGPFL (K = 4))."""
+    alpha: float = 1.0
+    """alpha, the server step of Algorithm 1 line 14 (Table 1 caption: 1; alpha = 1 -> centroids)."""
+    omega_update: str = "pfedme_equivalent"
+    """``pfedme_equivalent`` (spec harness default: omega <- omega - lr*lam*(omega - theta)) or
+    ``paper_literal`` (omega <- omega - lr*(2/N)*(omega - theta), Algorithm 1 line 10 as printed)."""
+    literal_n: int = 40
+    """N in the paper-literal factor 2/N (CGPFL Table 1: N = 40). Unused in pfedme_equivalent mode."""
+    kmeans_seed: int = 0
+    """Base seed of the per-round k-means (harness default; the paper gives none)."""
+    kmeans_n_init: int = 10
+    """k-means++ restarts (spec harness default, scikit-learn KMeans semantics)."""
+    kmeans_max_iter: int = 300
+    """Maximum Lloyd iterations per restart (spec harness default)."""
+    cluster_alignment: str = "hungarian"
+    """``hungarian``: match new clusters to the old centres before the alpha-step; ``none``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.omega_update not in OMEGA_UPDATES:
+            raise ValueError(f"omega_update must be one of {OMEGA_UPDATES}, got {self.omega_update!r}")
+        if self.cluster_alignment not in ALIGNMENTS:
+            raise ValueError(f"cluster_alignment must be one of {ALIGNMENTS}, got {self.cluster_alignment!r}")
+        if self.num_clusters < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+
+    @property
+    def pull_rate(self) -> float:
+        """The rate of the omega update ``omega <- omega - rate*(omega - theta)`` (line 10)."""
+        if self.omega_update == "pfedme_equivalent":
+            return self.lr * self.lam
+        return self.lr * 2.0 / self.literal_n
+
+
+@dataclass
+class CGPFLHeurHyper(CGPFLHyper):
+    """CGPFL-Heur: CGPFL whose K is chosen at the first round by minimising expression (11)."""
+
+    mu: float | None = None
+    """mu of expression (11), required ("an appropriate mu", paper Section 5.3; not published)."""
+    mu_scale: str = "relative"
+    """``absolute``: (11) uses mu as given. ``relative`` (harness default): mu_abs =
+    mu * penalty(1) / cost(1), so mu is the ratio mu_abs*cost(1)/penalty(1) that the spec's
+    log-spaced grid 1e-3..1e3 spans, comparable across datasets and models."""
+    penalty: str = "kd"
+    """The K-dependent complexity term of (11), lost in the paper's text: ``kd`` = K*d (spec harness
+    default) or ``sqrt_kd`` = sqrt(K*d); d = number of model parameters."""
+    max_clusters: int = 0
+    """Largest candidate K; 0 = floor(N/2) ("no more than N/2", paper Section 5.3)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mu is None or not self.mu > 0:
+            raise ValueError("cgpfl_heur needs method.params.mu > 0 (expression (11)'s mu; "
+                             "the paper does not publish it)")
+        if self.mu_scale not in MU_SCALES:
+            raise ValueError(f"mu_scale must be one of {MU_SCALES}, got {self.mu_scale!r}")
+        if self.penalty not in PENALTIES:
+            raise ValueError(f"penalty must be one of {PENALTIES}, got {self.penalty!r}")
+
+
+@dataclass
+class ContextUpdate(ClientUpdate):
+    """A client upload that names its client (the server re-clusters clients every round)."""
+
+    cid: int = -1
+
+
+@dataclass
+class KMeansFit:
+    k: int
+    labels: np.ndarray
+    cost: float = 0.0
+    """Weighted cost sum_i (m_i/m) ||x_i - c_{label_i}||^2 against the member means."""
+    objective: float = field(default=float("nan"))
+
+
+def flatten(params: Params) -> np.ndarray:
+    """One float64 vector of all parameters (sorted by name for a stable layout)."""
+    return torch.cat([params[k].detach().reshape(-1).double().cpu() for k in sorted(params)]).numpy()
+
+
+def kmeans_labels(x: np.ndarray, k: int, seed: int, n_init: int = 10, max_iter: int = 300) -> np.ndarray:
+    """k-means++ labels (scikit-learn KMeans, Euclidean, ``n_init`` restarts); k = 1: all zeros."""
+    if k > len(x):
+        raise ValueError(f"cannot cluster {len(x)} client models into K={k} contexts (K > clients)")
+    if k == 1:
+        return np.zeros(len(x), dtype=np.int64)
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    # N = 40 points: one BLAS/OpenMP thread is fastest (threads next to torch's pool contend badly)
+    with warnings.catch_warnings(), threadpool_limits(1):
+        warnings.simplefilter("ignore")  # fewer distinct points than K: sklearn warns, we keep centres
+        km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, max_iter=max_iter, random_state=seed)
+        return km.fit_predict(x).astype(np.int64)
+
+
+def weighted_cost(x: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> float:
+    """sum_i (m_i/m) ||x_i - mean of x_i's cluster||^2 (the cost of Theorem 4.2 / expression (11))."""
+    cost = 0.0
+    for k in np.unique(labels):
+        members = labels == k
+        centre = x[members].mean(axis=0)
+        cost += float((weights[members] * ((x[members] - centre) ** 2).sum(axis=1)).sum())
+    return cost / float(weights.sum())
+
+
+def penalty_term(kind: str, k: int, d: int) -> float:
+    return float(k * d) if kind == "kd" else math.sqrt(k * d)
+
+
+def choose_num_clusters(
+    x: np.ndarray, weights: np.ndarray, candidates: list[int], mu: float, mu_scale: str,
+    penalty: str, seed: int, n_init: int = 10, max_iter: int = 300,
+) -> tuple[KMeansFit, list[KMeansFit]]:
+    """The CGPFL-Heur solver: argmin_K penalty(K) + mu * cost(K) over ``candidates`` (expr. (11)).
+
+    Returns the chosen fit and every candidate's fit (with its cost and objective). Ties go to the
+    smallest K. With ``mu_scale="relative"`` mu is multiplied by penalty(1)/cost(1).
+    """
+    d = x.shape[1]
+    fits = []
+    for k in candidates:
+        labels = kmeans_labels(x, k, seed, n_init, max_iter)
+        fits.append(KMeansFit(k, labels, weighted_cost(x, labels, weights)))
+    mu_abs = mu
+    if mu_scale == "relative":
+        base = weighted_cost(x, np.zeros(len(x), dtype=np.int64), weights)
+        mu_abs = mu * penalty_term(penalty, 1, d) / base if base > 0 else mu
+    for fit in fits:
+        fit.objective = penalty_term(penalty, fit.k, d) + mu_abs * fit.cost
+    best = min(fits, key=lambda f: (f.objective, f.k))
+    return best, fits
+
+
+def _align(old: list[Params], means: list[Params | None]) -> list[int]:
+    """Permutation p with new cluster j -> context p[j], minimising sum ||mean_j - old_{p[j]}||^2."""
+    from scipy.optimize import linear_sum_assignment
+
+    old_x = np.stack([flatten(c) for c in old])
+    cost = np.zeros((len(means), len(old)))
+    for j, m in enumerate(means):
+        if m is not None:
+            cost[j] = ((old_x - flatten(m)) ** 2).sum(axis=1)
+    rows, cols = linear_sum_assignment(cost)
+    perm = [0] * len(means)
+    for r, c in zip(rows, cols):
+        perm[r] = int(c)
+    return perm
+
+
+@METHODS.register("cgpfl")
+class CGPFL(Algorithm):
+    """CGPFL, Algorithm 1. Server state: ``centers`` (Omega_K), ``assign`` (P^t as client ->
+    context), ``round``, ``num_clusters``, and ``params`` (the size-weighted mean of the context
+    models; a diagnostic "global" model, also what a never-trained client predicts with)."""
+
+    hyper_class = CGPFLHyper
+
+    def init_server(self, params: Params) -> ServerState:
+        k = self._initial_k()
+        centers = [clone_params(params) for _ in range(k or 1)]
+        return {"params": params, "centers": centers, "assign": {}, "round": 0, "num_clusters": k,
+                "sizes": [0] * len(centers)}
+
+    def _initial_k(self) -> int | None:
+        return self.hp.num_clusters
+
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        hp = self.hp
+        anchor = server["centers"][server["assign"].get(client.cid, 0)]
+        w, _, loss = prox_local_rounds(
+            self.model, client, anchor, hp.local_rounds, hp.inner_steps, hp.personal_lr, hp.lam,
+            hp.pull_rate, hp.hidden_l2,
+        )
+        client.state["local"] = w
+        return ContextUpdate(w, client.num_samples("train"), loss, cid=client.cid)
+
+    def _round_seed(self, round_idx: int) -> int:
+        state = np.random.SeedSequence([self.hp.kmeans_seed, round_idx]).generate_state(1)[0]
+        return int(state)
+
+    def _cluster(self, server: ServerState, x: np.ndarray, weights: np.ndarray) -> tuple[int, np.ndarray, dict]:
+        k = server["num_clusters"]
+        labels = kmeans_labels(x, k, self._round_seed(server["round"]), self.hp.kmeans_n_init,
+                               self.hp.kmeans_max_iter)
+        return k, labels, {}
+
+    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        uploads = [u for u in updates if u.params is not None]
+        if not uploads:
+            return server
+        x = np.stack([flatten(u.params) for u in uploads])
+        weights = np.array([float(u.num_samples) for u in uploads])
+        k, labels, extra = self._cluster(server, x, weights)
+        old = list(server["centers"])
+        if len(old) != k:  # CGPFL-Heur's first round: K fixed now; all old centres are omega^0
+            old = [clone_params(old[0]) for _ in range(k)]
+        means: list[Params | None] = []
+        for j in range(k):
+            members = [u.params for u, lab in zip(uploads, labels) if lab == j]
+            means.append(average_params(members, [1.0] * len(members)) if members else None)
+        perm = _align(old, means) if self.hp.cluster_alignment == "hungarian" and k > 1 else list(range(k))
+        centers, sizes = list(old), [0] * k
+        for j, m in enumerate(means):
+            target = perm[j]
+            if m is not None:  # empty cluster: keep the previous centre
+                centers[target] = mix(old[target], m, self.hp.alpha)
+                sizes[target] = int((labels == j).sum())
+        assign = dict(server["assign"])
+        for u, lab in zip(uploads, labels):
+            assign[u.cid] = perm[int(lab)]
+        used = [(c, s) for c, s in zip(centers, sizes) if s > 0]
+        summary = average_params([c for c, _ in used], [s for _, s in used])
+        return {**server, **extra, "params": summary, "centers": centers, "assign": assign,
+                "round": server["round"] + 1, "num_clusters": k, "sizes": sizes}
+
+    def predictor(self, server: ServerState, client: ClientContext) -> Params:
+        fallback = server["centers"][server["assign"].get(client.cid, 0)]
+        return personal_predictor(self.hp, fallback, client)
+
+
+@METHODS.register("cgpfl_heur")
+class CGPFLHeur(CGPFL):
+    """CGPFL-Heur: K chosen once, at the first aggregation, by expression (11) (paper Section 4.4).
+
+    The server state gains ``heur``: the candidate K values with their cost and objective, and the
+    chosen K (``num_clusters``)."""
+
+    hyper_class = CGPFLHeurHyper
+
+    def _initial_k(self) -> int | None:
+        return None
+
+    def _cluster(self, server: ServerState, x: np.ndarray, weights: np.ndarray) -> tuple[int, np.ndarray, dict]:
+        if server["num_clusters"] is not None:
+            return super()._cluster(server, x, weights)
+        hp = self.hp
+        k_max = hp.max_clusters or len(x) // 2
+        candidates = list(range(1, max(1, min(k_max, len(x))) + 1))
+        best, fits = choose_num_clusters(
+            x, weights, candidates, hp.mu, hp.mu_scale, hp.penalty,
+            self._round_seed(server["round"]), hp.kmeans_n_init, hp.kmeans_max_iter,
+        )
+        heur = {"chosen": best.k, "candidates": [f.k for f in fits], "cost": [f.cost for f in fits],
+                "objective": [f.objective for f in fits]}
+        return best.k, best.labels, {"heur": heur}

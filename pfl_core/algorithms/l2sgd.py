@@ -1,0 +1,150 @@
+"""L2SGD (Hanzely & Richtarik, 2020, "Federated learning of a mixture of global and local models").
+
+Objective: min_x F(x) = (1/n) sum_i f_i(x_i) + (lam/2n) sum_i ||x_i - x_bar||^2 (the 1/n scaling is
+the L2GD paper's; CGPFL spec, "Baselines", L2SGD). Loopless chain with step size a and aggregation
+probability p; at each step one common coin is flipped:
+
+* with probability 1 - p (local step), every client: ``x_i <- x_i - a/(n(1-p)) grad f_i(x_i)``
+  (a stochastic mini-batch gradient);
+* with probability p (aggregation step), every client: ``x_i <- (1 - c) x_i + c x_bar`` with
+  ``c = a lam / (n p)``.
+
+In expectation, ``E[x_i^+] = x_i - (a/n) (grad f_i(x_i) + lam (x_i - x_bar))``: one gradient step of
+size a on F (:func:`expected_step`, tested).
+
+Reading used here (harness, documented): the step sizes are parameterised by ``lr`` =
+a/(n(1-p)) (spec harness default: equal to CGPFL Table 1's lr), so c = lr (1-p) lam / p and n
+cancels; lam = 12 and p = 1/R (spec harness defaults). One *communication round* of the federation
+loop is one stretch of the chain between communications: L >= 0 local steps (L + 1 ~ Geometric(p),
+the flips until the first aggregation flip) then J >= 1 consecutive aggregation steps (J ~
+Geometric(1 - p), as the chain keeps flipping aggregation with probability p). Consecutive
+aggregations compound: x_i <- x_bar + (1 - c)^J (x_i - x_bar) (x_bar is unchanged by a mixing
+step). The coin flips come from ``SeedSequence([coin_seed, round])``, common to all clients.
+
+Because the loop's server cannot write client state, the J aggregation steps of round t are
+applied lazily: the server stores x_bar and (1 - c)^J, and the client applies them to its stored x_i
+when it next trains (and :meth:`L2SGD.predictor` applies them for evaluation). The personalized
+model is x_i. A round with L = 0 takes no local step; its reported loss is the loss at x_i on the
+next batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.training import Params, average_params, batch_loss, clone_params, sgd_step
+
+
+@dataclass
+class L2SGDHyper(HyperParams):
+    lr: float = 0.005
+    """The local step a/(n(1-p)) (spec harness default: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
+    lam: float = 12.0
+    """lambda of the penalty (spec harness default: CGPFL's lambda = 12)."""
+    p: float = 0.1
+    """Aggregation probability (spec harness default p = 1/R, R = 10)."""
+    coin_seed: int = 0
+    """Base seed of the common coin flips (the algorithm does not see the run seed)."""
+    max_local_steps: int = 0
+    """Cap on L per round (0 = no cap; the loopless chain as in the paper)."""
+    weighting: Weighting = "uniform"
+    """x_bar: ``uniform`` (the L2GD objective's plain mean) or ``samples``."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.p < 1:
+            raise ValueError(f"p must be in (0, 1), got {self.p}")
+        if not 0 < self.mix_rate <= 1:
+            raise ValueError(
+                f"aggregation coefficient c = lr(1-p)lam/p = {self.mix_rate:.4g} must be in (0, 1]; "
+                "lower lr or lam, or raise p")
+
+    @property
+    def mix_rate(self) -> float:
+        """c = a lam/(n p) with a/n = lr (1 - p)."""
+        return self.lr * (1.0 - self.p) * self.lam / self.p
+
+
+def local_branch(x: Params, grad: Params, lr: float) -> Params:
+    """The local step ``x - lr * grad`` with lr = a/(n(1-p))."""
+    with torch.no_grad():
+        return {k: v - lr * grad[k] for k, v in x.items()}
+
+
+def aggregation_branch(x: Params, x_bar: Params, c: float, times: int = 1) -> Params:
+    """``times`` aggregation steps: ``x_bar + (1 - c)^times (x - x_bar)``."""
+    keep = (1.0 - c) ** times
+    with torch.no_grad():
+        return {k: x_bar[k] + keep * (v - x_bar[k]) for k, v in x.items()}
+
+
+def expected_step(x: Params, grad: Params, x_bar: Params, lr: float, lam: float, p: float) -> Params:
+    """E[x^+] = x - (a/n)(grad + lam (x - x_bar)) with a/n = lr (1 - p)."""
+    step = lr * (1.0 - p)
+    with torch.no_grad():
+        return {k: v - step * (grad[k] + lam * (v - x_bar[k])) for k, v in x.items()}
+
+
+def coin_counts(seed: int, round_idx: int, p: float, cap: int = 0) -> tuple[int, int]:
+    """(L local steps, J aggregation steps) of round ``round_idx``."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, round_idx]))
+    local = int(rng.geometric(p)) - 1
+    aggregations = int(rng.geometric(1.0 - p))
+    if cap:
+        local = min(local, cap)
+    return local, aggregations
+
+
+@METHODS.register("l2sgd")
+class L2SGD(Algorithm):
+    hyper_class = L2SGDHyper
+
+    def init_server(self, params: Params) -> ServerState:
+        return {"params": params, "round": -1, "keep": 1.0}
+
+    def _current(self, server: ServerState, client: ClientContext) -> Params | None:
+        """x_i with the last round's aggregation steps applied (None: never trained)."""
+        x = client.state.get("x")
+        if x is None:
+            return None
+        if client.state.get("round") == server["round"]:
+            keep = server["keep"]
+            with torch.no_grad():
+                return {k: server["params"][k] + keep * (v - server["params"][k]) for k, v in x.items()}
+        return x
+
+    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+        hp = self.hp
+        x = self._current(server, client)
+        if x is None:
+            x = clone_params(server["params"])
+        local, _ = coin_counts(hp.coin_seed, round_idx, hp.p, hp.max_local_steps)
+        losses = []
+        for _ in range(local):
+            xb, yb = client.next_batch("train")
+            x, loss = sgd_step(self.model, x, xb, yb, hp.lr)
+            losses.append(loss)
+        if not losses:
+            xb, yb = client.next_batch("train")
+            with torch.no_grad():
+                losses.append(batch_loss(self.model, x, xb, yb))
+        client.state["x"] = x
+        client.state["round"] = round_idx
+        return ClientUpdate(x, client.num_samples("train"), torch.stack(losses).mean())
+
+    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        uploads = [u for u in updates if u.params is not None]
+        if not uploads:
+            return server
+        weights = self.aggregation_weights(uploads)
+        x_bar = average_params([u.params for u in uploads], weights)
+        round_idx = server["round"] + 1
+        _, times = coin_counts(self.hp.coin_seed, round_idx, self.hp.p, self.hp.max_local_steps)
+        return {"params": x_bar, "round": round_idx, "keep": (1.0 - self.hp.mix_rate) ** times}
+
+    def predictor(self, server: ServerState, client: ClientContext) -> Params:
+        x = self._current(server, client)
+        return server["params"] if x is None else x
