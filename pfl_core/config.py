@@ -25,6 +25,11 @@ class DataConfig:
     """Fractions of each client's samples per named split (floored); ``train`` gets the rest."""
     unseen_fraction: float = 0.0
     """Fraction of clients held out of training for the ``unseen`` protocol (CAFeMe: 0.2)."""
+    validation_fraction: float = 0.0
+    """Fraction of the remaining clients held out of training as validation clients (tuning)."""
+    remainder: str = "train"
+    """The split that takes what ``client_splits`` leaves (``test`` with ``{train: 0.75}`` floors
+    the train part instead)."""
 
 
 @dataclass
@@ -57,6 +62,9 @@ class FederationConfig:
 class EvaluationConfig:
     protocol: str = "seen"
     """``unseen`` (held-out clients, fine-tuning curve) or ``seen`` (personalized predictors)."""
+    target: str = "test"
+    """``test``: the paper's evaluation. ``validation``: tuning; the unseen protocol evaluates the
+    validation clients, the seen protocol the ``val`` split; test clients and splits are never read."""
     params: dict = field(default_factory=dict)
     """Overrides of :class:`pfl_core.evaluation.EvalConfig`."""
 

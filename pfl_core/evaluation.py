@@ -12,10 +12,11 @@ clients and as the sample-weighted accuracy.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from pfl_core.algorithms.base import Algorithm, ClientContext, HyperParams, ServerState
+from pfl_core.data.federated import FederatedData
 from pfl_core.registry import Registry
 from pfl_core.training import Params
 
@@ -129,12 +130,19 @@ def summarise(results: list[ClientResult]) -> EvalResult:
 
 
 class Protocol:
-    """Evaluates a method's predictors on a set of clients (chosen by subclasses)."""
+    """Evaluates a method's predictors on a set of clients (chosen by subclasses).
 
-    def __init__(self, cfg: EvalConfig):
+    ``target="validation"`` is for tuning: it evaluates validation clients or ``val`` splits and
+    never reads a test client or a test split.
+    """
+
+    def __init__(self, cfg: EvalConfig, target: str = "test"):
+        if target not in ("test", "validation"):
+            raise ValueError(f"evaluation target must be 'test' or 'validation', got {target!r}")
         self.cfg = cfg
+        self.target = target
 
-    def client_ids(self, train_clients: list[int], unseen_clients: list[int]) -> list[int]:
+    def client_ids(self, fed: FederatedData) -> list[int]:
         raise NotImplementedError
 
     def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext]) -> EvalResult:
@@ -148,17 +156,30 @@ class Protocol:
 
 @PROTOCOLS.register("unseen")
 class UnseenClients(Protocol):
-    """Held-out clients that never trained (CAFeMe's 20 new clients)."""
+    """Held-out clients that never trained (CAFeMe's 20 new clients); validation clients when
+    tuning."""
 
-    def client_ids(self, train_clients, unseen_clients):
-        if not unseen_clients:
-            raise ValueError("the 'unseen' protocol needs held-out clients: set data.unseen_fraction > 0")
-        return unseen_clients
+    def client_ids(self, fed: FederatedData) -> list[int]:
+        ids = fed.validation_clients if self.target == "validation" else fed.unseen_clients
+        if not ids:
+            what = "data.validation_fraction" if self.target == "validation" else "data.unseen_fraction"
+            raise ValueError(f"the 'unseen' protocol needs held-out clients: set {what} > 0")
+        return ids
 
 
 @PROTOCOLS.register("seen")
 class SeenClients(Protocol):
-    """The training clients, each with its personalized predictor."""
+    """The training clients, each with its personalized predictor, on their test split (their
+    ``val`` split when tuning)."""
 
-    def client_ids(self, train_clients, unseen_clients):
-        return train_clients
+    def __init__(self, cfg: EvalConfig, target: str = "test"):
+        if target == "validation":
+            cfg = replace(cfg, split="val")
+        super().__init__(cfg, target)
+
+    def client_ids(self, fed: FederatedData) -> list[int]:
+        missing = [c for c in fed.train_clients if self.cfg.split not in fed.clients[c].splits]
+        if missing:
+            raise ValueError(f"client {missing[0]} has no {self.cfg.split!r} split: add it to "
+                             f"data.client_splits (e.g. {{{self.cfg.split}: 0.1}})")
+        return fed.train_clients

@@ -83,6 +83,8 @@ def run_experiment(
         client_splits=d.client_splits,
         unseen_fraction=d.unseen_fraction,
         streams=streams,
+        remainder=d.remainder,
+        validation_fraction=d.validation_fraction,
     ).to(dev)
 
     method_cls = METHODS.get(cfg.method.name)
@@ -93,7 +95,8 @@ def run_experiment(
     model = model.to(dev)
     algorithm = method_cls(model, hp)
     protocol_cls = PROTOCOLS.get(cfg.evaluation.protocol)
-    protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "))
+    protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
+                            target=cfg.evaluation.target)
 
     fed_result = run_federation(
         algorithm, fed, model_params(model), cfg.federation, protocol, streams, on_round
@@ -113,6 +116,9 @@ def run_experiment(
         "dataset_description": dataset.description,
         "num_train_clients": len(fed.train_clients),
         "num_unseen_clients": len(fed.unseen_clients),
+        "num_validation_clients": len(fed.validation_clients),
+        "validation_clients": fed.validation_clients,
+        "unseen_clients": fed.unseen_clients,
         "partition_digest": partition_digest(fed),
         "sampling_digest": digest(fed_result.sampled),
         "short_train_splits": sorted(c for c, ctx in fed_result.contexts.items() if ctx.streams["train"].short),

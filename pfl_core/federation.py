@@ -114,7 +114,7 @@ def run_federation(
     result = FederationResult(server, contexts=train_ctx)
 
     def evaluate() -> EvalResult:
-        ids = protocol.client_ids(fed.train_clients, fed.unseen_clients)
+        ids = protocol.client_ids(fed)
         states = {cid: ctx.state for cid, ctx in train_ctx.items()}
         eval_ctx = make_contexts(fed, ids, cfg, streams, "eval", eval_bs, states)
         return protocol.evaluate(algorithm, server, eval_ctx)

@@ -61,3 +61,44 @@ def test_streams_are_reproducible_and_independent_per_purpose():
     assert not np.array_equal(s.numpy("partition").random(5), s.numpy("sampling").random(5))
     assert not np.array_equal(s.numpy("batches", 1).random(5), s.numpy("batches", 2).random(5))
     assert s.seed_int("init") == RunStreams(7).seed_int("init") != RunStreams(8).seed_int("init")
+
+
+def test_validation_target_evaluates_validation_clients_and_never_reads_test_data(monkeypatch):
+    cfg = _config("fedavg_ft").to_dict()
+    cfg["data"]["validation_fraction"] = 0.25
+    cfg["evaluation"]["target"] = "validation"
+    read = []
+    from pfl_core.data.federated import ArrayDataset
+    original = ArrayDataset.batch
+
+    def spy(self, index):
+        read.append(set(index.tolist()))
+        return original(self, index)
+
+    monkeypatch.setattr(ArrayDataset, "batch", spy)
+    result = run_experiment(RunConfig.from_dict(cfg), device="cpu")
+    assert result.info["num_validation_clients"] == 2 and result.info["num_train_clients"] == 6
+    evaluated = {c["cid"] for c in result.clients}
+    assert evaluated == set(result.info["validation_clients"])
+    assert not evaluated & set(result.info["unseen_clients"])
+    from pfl_core.data import build_federated, load_dataset
+
+    d = RunConfig.from_dict(cfg).data
+    partition = dict(d.partition)
+    fed = build_federated(load_dataset("digits28"), num_clients=d.num_clients,
+                          partition=partition.pop("name"), partition_params=partition,
+                          client_splits=d.client_splits, unseen_fraction=d.unseen_fraction,
+                          streams=RunStreams(0), validation_fraction=d.validation_fraction)
+    assert fed.unseen_clients == result.info["unseen_clients"]
+    test_rows = {int(i) for c in fed.unseen_clients for split in fed.clients[c].splits.values() for i in split}
+    assert read and all(not (batch & test_rows) for batch in read)
+
+
+def test_remainder_test_floors_the_train_part():
+    cfg = _config().to_dict()
+    cfg["data"].update(client_splits={"train": 0.75}, remainder="test", unseen_fraction=0.0)
+    cfg["evaluation"] = {"protocol": "seen"}
+    result = run_experiment(RunConfig.from_dict(cfg), device="cpu")
+    for client in result.clients:
+        n = client["meta"]["n"]
+        assert client["num_samples"] == n - int(0.75 * n)

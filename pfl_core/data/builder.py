@@ -40,6 +40,7 @@ def build_federated(
     streams: RunStreams,
     min_split_size: int = 1,
     remainder: str = "train",
+    validation_fraction: float = 0.0,
 ) -> FederatedData:
     """Partition ``dataset`` among ``num_clients`` clients and split each client's indices.
 
@@ -47,6 +48,10 @@ def build_federated(
     client goes to ``remainder``. Raises ``ValueError`` naming the client and split when a split
     has fewer than ``min_split_size`` samples. ``Client.meta`` holds ``n`` (client size) and,
     where the partition defines it, ``group``.
+
+    ``validation_fraction`` of the seen clients (own stream ``validation``) are held out of
+    training as validation clients for tuning; the unseen (test) clients are drawn first and do
+    not depend on it.
     """
     labels = dataset.labels_numpy()
     groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
@@ -72,4 +77,9 @@ def build_federated(
             Client(cid, {k: torch.as_tensor(v, dtype=torch.int64) for k, v in splits.items()}, meta)
         )
     seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
-    return FederatedData(dataset, clients, train_clients=seen, unseen_clients=unseen)
+    train, validation = seen, []
+    if validation_fraction:
+        kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
+        train, validation = [seen[i] for i in kept], [seen[i] for i in held]
+    return FederatedData(dataset, clients, train_clients=train, unseen_clients=unseen,
+                         validation_clients=validation)

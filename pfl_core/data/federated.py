@@ -86,17 +86,23 @@ class Client:
 
 @dataclass
 class FederatedData:
-    """A dataset, its clients, and which clients train (seen) or are held out (unseen)."""
+    """A dataset, its clients, and which clients train (seen), are held out for testing (unseen)
+    or are held out for tuning (validation)."""
 
     dataset: ArrayDataset
     clients: list[Client]
     train_clients: list[int]
     unseen_clients: list[int] = field(default_factory=list)
+    validation_clients: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        overlap = set(self.train_clients) & set(self.unseen_clients)
-        if overlap:
-            raise ValueError(f"clients {sorted(overlap)[:5]} are both training and unseen clients")
+        groups = [("training", self.train_clients), ("unseen", self.unseen_clients),
+                  ("validation", self.validation_clients)]
+        for i, (name_a, a) in enumerate(groups):
+            for name_b, b in groups[i + 1:]:
+                overlap = set(a) & set(b)
+                if overlap:
+                    raise ValueError(f"clients {sorted(overlap)[:5]} are both {name_a} and {name_b} clients")
 
     def to(self, device: torch.device | str) -> "FederatedData":
         """A copy with the dataset and every client's index tensors on ``device``."""
