@@ -18,6 +18,9 @@ class DataConfig:
     """Loader parameters (e.g. Synthetic's alpha and beta)."""
     split: str = "train"
     """Which split of the source dataset is partitioned: train, test or all."""
+    subsample: int = 0
+    """Keep a random subset of this many samples before partitioning (0: all). For smoke and
+    quick profiles; the subset follows the seed (stream ``subsample``)."""
     num_clients: int = 100
     partition: dict = field(default_factory=lambda: {"name": "iid"})
     """``{name: <partitioner>, <param>: <value>, ...}`` (``pflbench list partitioners``)."""

@@ -74,6 +74,9 @@ def run_experiment(
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
     dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
+    if d.subsample and d.subsample < len(dataset):
+        keep = streams.numpy("subsample").choice(len(dataset), size=d.subsample, replace=False)
+        dataset = dataset.subset(torch.as_tensor(sorted(keep)))
     partition = dict(d.partition)
     fed = build_federated(
         dataset,

@@ -102,3 +102,13 @@ def test_remainder_test_floors_the_train_part():
     for client in result.clients:
         n = client["meta"]["n"]
         assert client["num_samples"] == n - int(0.75 * n)
+
+
+def test_subsample_keeps_a_seeded_subset_before_partitioning():
+    cfg = _config().to_dict()
+    cfg["data"]["subsample"] = 600
+    a = run_experiment(RunConfig.from_dict(cfg), device="cpu")
+    b = run_experiment(RunConfig.from_dict(cfg), device="cpu")
+    assert sum(c["meta"]["n"] for c in a.clients) < 600
+    assert a.info["partition_digest"] == b.info["partition_digest"]
+    assert "subset of 600 of 1797" in a.info["dataset_description"]

@@ -56,6 +56,13 @@ class ArrayDataset:
         groups = None if self.groups is None else self.groups.to(device)
         return replace(self, x=self.x.to(device), y=self.y.to(device), groups=groups)
 
+    def subset(self, index: torch.Tensor) -> "ArrayDataset":
+        """The rows ``index`` as a new dataset (same classes, normalisation and provenance)."""
+        groups = None if self.groups is None else self.groups[index]
+        note = f"; subset of {len(index)} of {len(self)} samples"
+        return replace(self, x=self.x[index], y=self.y[index], groups=groups,
+                       description=self.description + note)
+
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
         x = self.x[index]
