@@ -97,6 +97,7 @@ def run_experiment(
         model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.params)
     model = model.to(dev)
     algorithm = method_cls(model, hp)
+    algorithm.seed = streams.seed_int("algorithm")
     protocol_cls = PROTOCOLS.get(cfg.evaluation.protocol)
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)

@@ -85,6 +85,9 @@ class Algorithm(ABC):
     hyper_class: ClassVar[type[HyperParams]] = HyperParams
     #: whether the evaluation protocol fine-tunes this method's predictor (the "-FT" variants)
     finetune_at_eval: ClassVar[bool] = False
+    #: an integer derived from the run seed (stream ``algorithm``), for a method's own randomness
+    #: (k-means restarts, coin flips); set by the experiment before training
+    seed: int = 0
 
     def __init__(self, model: nn.Module, hp: HyperParams):
         check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices

@@ -28,7 +28,7 @@ Reconstruction choices (named switches, CGPFL spec):
   (every client is in the one context), so CGPFL(K=1) reduces to pFedMe with uniform weights and
   beta = alpha, bit for bit.
 * Seeding: the algorithm does not see the run seed, so round t's k-means uses
-  ``random_state = SeedSequence([kmeans_seed, t])``; set ``kmeans_seed`` per seed to vary it.
+  ``random_state = SeedSequence([run seed stream, kmeans_seed, t])``: it follows the run seed.
 * An empty context (possible when uploads coincide) keeps its previous centre (spec).
 * ``cluster_alignment``: ``hungarian`` (default) matches the new clusters to the previous centres
   by minimum total squared distance before the alpha-step; with alpha = 1 (the paper's value) this
@@ -253,7 +253,7 @@ class CGPFL(Algorithm):
         return ContextUpdate(w, client.num_samples("train"), loss, cid=client.cid)
 
     def _round_seed(self, round_idx: int) -> int:
-        state = np.random.SeedSequence([self.hp.kmeans_seed, round_idx]).generate_state(1)[0]
+        state = np.random.SeedSequence([self.seed, self.hp.kmeans_seed, round_idx]).generate_state(1)[0]
         return int(state)
 
     def _cluster(self, server: ServerState, x: np.ndarray, weights: np.ndarray) -> tuple[int, np.ndarray, dict]:

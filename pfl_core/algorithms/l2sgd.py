@@ -19,7 +19,8 @@ loop is one stretch of the chain between communications: L >= 0 local steps (L +
 the flips until the first aggregation flip) then J >= 1 consecutive aggregation steps (J ~
 Geometric(1 - p), as the chain keeps flipping aggregation with probability p). Consecutive
 aggregations compound: x_i <- x_bar + (1 - c)^J (x_i - x_bar) (x_bar is unchanged by a mixing
-step). The coin flips come from ``SeedSequence([coin_seed, round])``, common to all clients.
+step). The coin flips come from ``SeedSequence([run seed stream, coin_seed, round])``, common
+to all clients.
 
 Because the loop's server cannot write client state, the J aggregation steps of round t are
 applied lazily: the server stores x_bar and (1 - c)^J, and the client applies them to its stored x_i
@@ -88,9 +89,11 @@ def expected_step(x: Params, grad: Params, x_bar: Params, lr: float, lam: float,
         return {k: v - step * (grad[k] + lam * (v - x_bar[k])) for k, v in x.items()}
 
 
-def coin_counts(seed: int, round_idx: int, p: float, cap: int = 0) -> tuple[int, int]:
-    """(L local steps, J aggregation steps) of round ``round_idx``."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, round_idx]))
+def coin_counts(seed: int | tuple[int, ...], round_idx: int, p: float, cap: int = 0) -> tuple[int, int]:
+    """(L local steps, J aggregation steps) of round ``round_idx``; ``seed`` is an int or a tuple
+    of ints (run seed stream, ``coin_seed``)."""
+    seeds = list(seed) if isinstance(seed, tuple) else [seed]
+    rng = np.random.default_rng(np.random.SeedSequence([*seeds, round_idx]))
     local = int(rng.geometric(p)) - 1
     aggregations = int(rng.geometric(1.0 - p))
     if cap:
@@ -121,7 +124,7 @@ class L2SGD(Algorithm):
         x = self._current(server, client)
         if x is None:
             x = clone_params(server["params"])
-        local, _ = coin_counts(hp.coin_seed, round_idx, hp.p, hp.max_local_steps)
+        local, _ = coin_counts((self.seed, hp.coin_seed), round_idx, hp.p, hp.max_local_steps)
         losses = []
         for _ in range(local):
             xb, yb = client.next_batch("train")
@@ -142,7 +145,7 @@ class L2SGD(Algorithm):
         weights = self.aggregation_weights(uploads)
         x_bar = average_params([u.params for u in uploads], weights)
         round_idx = server["round"] + 1
-        _, times = coin_counts(self.hp.coin_seed, round_idx, self.hp.p, self.hp.max_local_steps)
+        _, times = coin_counts((self.seed, self.hp.coin_seed), round_idx, self.hp.p, self.hp.max_local_steps)
         return {"params": x_bar, "round": round_idx, "keep": (1.0 - self.hp.mix_rate) ** times}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
