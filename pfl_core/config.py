@@ -18,6 +18,9 @@ class DataConfig:
     """Loader parameters (e.g. Synthetic's alpha and beta)."""
     split: str = "train"
     """Which split of the source dataset is partitioned: train, test or all."""
+    normalize: str = "none"
+    """Input normalisation: ``none`` (the loader's), ``pixel`` (per-pixel standardisation over the
+    dataset, pFedMe/CGPFL MNIST) or ``half`` ((x - 0.5) / 0.5 per channel, pFedMe CIFAR-10)."""
     subsample: int = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""

@@ -17,7 +17,7 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
-from pfl_core.data.federated import ArrayDataset
+from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import run_federation
 from pfl_core.models import build_model
@@ -73,7 +73,7 @@ def run_experiment(
     streams = RunStreams(cfg.seed)
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
-    dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
+    dataset = standardize(_cached_dataset(d.dataset, params, d.split, data_dir), d.normalize)
     if d.subsample and d.subsample < len(dataset):
         keep = streams.numpy("subsample").choice(len(dataset), size=d.subsample, replace=False)
         dataset = dataset.subset(torch.as_tensor(sorted(keep)))

@@ -112,3 +112,22 @@ def test_subsample_keeps_a_seeded_subset_before_partitioning():
     assert sum(c["meta"]["n"] for c in a.clients) < 600
     assert a.info["partition_digest"] == b.info["partition_digest"]
     assert "subset of 600 of 1797" in a.info["dataset_description"]
+
+
+def test_pixel_standardisation_and_half_normalisation():
+    import torch
+
+    from pfl_core.data import load_dataset
+    from pfl_core.data.federated import standardize
+
+    raw = load_dataset("digits28")
+    pixel = standardize(raw, "pixel")
+    x, _ = pixel.batch(torch.arange(len(raw)))
+    assert x.mean(0).abs().max() < 1e-4
+    sigma = (raw.x.float() / 255).std(0, unbiased=False)
+    assert torch.allclose(x.std(0, unbiased=False), sigma / (sigma + 0.001), atol=1e-4)
+    half, _ = standardize(raw, "half").batch(torch.arange(5))
+    plain, _ = raw.batch(torch.arange(5))
+    assert torch.allclose(half, (plain - 0.5) / 0.5)
+    with pytest.raises(ValueError, match="normalize"):
+        standardize(raw, "zscore")

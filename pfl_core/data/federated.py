@@ -23,7 +23,8 @@ class ArrayDataset:
         num_classes: number of classes of the label space.
         groups: optional ``int64`` natural group id per sample (writer, rotation group, domain),
             used by the natural partitioner.
-        mean, std: optional per-channel normalisation applied after scaling to [0, 1].
+        mean, std: optional normalisation applied after scaling to [0, 1]: per channel (tuples)
+            or per input element (tensors of the input shape; see :func:`standardize`).
         offline: True when the data was generated or ships inside an installed package, i.e. it is
             *not* the real benchmark dataset. Reports say so.
         description: one line for logs and reports (source, split, preprocessing).
@@ -34,8 +35,8 @@ class ArrayDataset:
     y: torch.Tensor
     num_classes: int
     groups: torch.Tensor | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    mean: tuple[float, ...] | torch.Tensor | None = None
+    std: tuple[float, ...] | torch.Tensor | None = None
     offline: bool = False
     description: str = ""
 
@@ -54,7 +55,9 @@ class ArrayDataset:
     def to(self, device: torch.device | str) -> "ArrayDataset":
         """A copy whose resident tensors live on ``device`` (done once per run; no-op if there)."""
         groups = None if self.groups is None else self.groups.to(device)
-        return replace(self, x=self.x.to(device), y=self.y.to(device), groups=groups)
+        moved = {k: v.to(device) for k, v in (("mean", self.mean), ("std", self.std))
+                 if isinstance(v, torch.Tensor)}
+        return replace(self, x=self.x.to(device), y=self.y.to(device), groups=groups, **moved)
 
     def subset(self, index: torch.Tensor) -> "ArrayDataset":
         """The rows ``index`` as a new dataset (same classes, normalisation and provenance)."""
@@ -68,7 +71,9 @@ class ArrayDataset:
         x = self.x[index]
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
-        if self.mean is not None:
+        if isinstance(self.mean, torch.Tensor):
+            x = (x - self.mean) / self.std
+        elif self.mean is not None:
             shape = (1, -1) + (1,) * (x.dim() - 2)
             mean = torch.tensor(self.mean, device=x.device).view(shape)
             std = torch.tensor(self.std, device=x.device).view(shape)
@@ -77,6 +82,28 @@ class ArrayDataset:
 
     def labels_numpy(self) -> np.ndarray:
         return self.y.cpu().numpy()
+
+
+NORMALIZATIONS = ("none", "pixel", "half")
+
+
+def standardize(dataset: ArrayDataset, mode: str, eps: float = 0.001) -> ArrayDataset:
+    """Input normalisation chosen by a run's ``data.normalize``:
+
+    * ``none``: the loader's own (inputs in [0, 1], or the dataset's published mean/std);
+    * ``pixel``: per-element standardisation over the whole loaded dataset,
+      (x - mean) / (std + eps), the pFedMe code's MNIST preprocessing (CGPFL spec, "Preprocessing");
+    * ``half``: (x - 0.5) / 0.5 per channel, i.e. ToTensor + Normalize(0.5, 0.5) (pFedMe's CIFAR-10).
+    """
+    if mode not in NORMALIZATIONS:
+        raise ValueError(f"data.normalize must be one of {NORMALIZATIONS}, got {mode!r}")
+    if mode == "none":
+        return dataset
+    if mode == "half":
+        channels = dataset.x.shape[1]
+        return replace(dataset, mean=(0.5,) * channels, std=(0.5,) * channels)
+    x = dataset.x.float() / 255.0 if dataset.x.dtype == torch.uint8 else dataset.x.float()
+    return replace(dataset, mean=x.mean(0), std=x.std(0, unbiased=False) + eps)
 
 
 @dataclass
