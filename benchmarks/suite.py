@@ -21,6 +21,15 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
+* ``tuned``: which methods run with the values ``pflbench tune`` found instead of the paper's:
+  ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yaml, profile: <profile>}`` (or just the
+  list of methods). ``file`` (default ``<suite stem>.tuned.yaml`` beside the suite) holds the best
+  parameters per cell, method and tuning profile with their provenance (see
+  :mod:`benchmarks.tuning`); ``profile`` (default: the run's own profile) names the profile whose
+  tuned values every profile uses. A cell whose method is listed and has an entry gets the tuned
+  dotted keys set after every other override (as in the study's trials); its :class:`RunSpec` carries
+  the provenance (``RunSpec.tuned``) and its runs are tagged ``tuned=true``; other cells keep the
+  paper's values (``tuned=false``).
 
 A run's configuration is built as base <- cell values <- method overrides <- conditional
 overrides <- profile overrides (``set``, then its ``methods``, then its ``overrides``).
@@ -50,7 +59,7 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published"}
+            "overrides", "seeds", "profiles", "published", "tuned"}
 OVERRIDE_KEYS = {"when", "set"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "curve_metric",
@@ -77,6 +86,19 @@ class RunSpec:
     profile: str
     config: dict
     config_hash: str
+    tuned: dict | None = None
+    """Provenance of the tuned values this run uses (None: the paper's values); see ``tags``."""
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """Extra MLflow tags: ``tuned`` = ``true``/``false`` and, when tuned, ``tuned.*`` provenance."""
+        if not self.tuned:
+            return {"tuned": "false"}
+        tags = {"tuned": "true"}
+        for key, value in self.tuned.items():
+            tags[f"tuned.{key}"] = (json.dumps(value, sort_keys=True, default=str)
+                                    if isinstance(value, (dict, list)) else str(value))
+        return tags
 
     @property
     def cell_id(self) -> str:
@@ -91,8 +113,21 @@ def cell_id(cell: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in cell.items())
 
 
+def _without_defaults(value: Any, default: Any) -> Any:
+    """``value`` minus the entries equal to ``default`` at the same path (dataclass fields only:
+    free-form mappings such as ``method.params`` have an empty default and are kept whole)."""
+    if isinstance(value, dict) and isinstance(default, dict):
+        return {k: _without_defaults(v, default[k]) if k in default else v
+                for k, v in value.items() if k not in default or v != default[k]}
+    return value
+
+
 def config_hash(config: dict) -> str:
-    payload = json.dumps({"v": CONFIG_VERSION, "config": config}, sort_keys=True, default=str)
+    """Hash of a resolved config, leaving out values equal to the schema's defaults, so adding a
+    config key with a default does not orphan the runs already stored. A change that alters what
+    an identical config computes bumps ``CONFIG_VERSION`` instead."""
+    essential = _without_defaults(config, RunConfig().to_dict())
+    payload = json.dumps({"v": CONFIG_VERSION, "config": essential}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -174,8 +209,9 @@ class Suite:
                 for combo in itertools.product(*(a.labels for a in self.axes))]
 
     def expand(self, profile: str = "paper", seeds: list[int] | None = None,
-               only: dict[str, list[str]] | None = None) -> list[RunSpec]:
-        """Every (cell, seed) run of ``profile``, filtered by ``only`` (axis -> allowed labels)."""
+               only: dict[str, list[str]] | None = None, use_tuned: bool = True) -> list[RunSpec]:
+        """Every (cell, seed) run of ``profile``, filtered by ``only`` (axis -> allowed labels).
+        ``use_tuned=False`` ignores the suite's ``tuned`` key (the paper's values everywhere)."""
         prof = self._profile(profile)
         run_seeds = list(seeds) if seeds is not None else list(prof.get("seeds", self.raw["seeds"]))
         only = only or {}
@@ -197,12 +233,39 @@ class Suite:
             _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set")
             _apply(config, (prof.get("methods") or {}).get(method), f"{self.path}: profiles.{profile}.methods.{method}")
             self._apply_overrides(config, cell, prof.get("overrides"), f"profiles.{profile}.overrides")
+            tuned = self._tuned_entry(cell, method, profile) if use_tuned else None
+            if tuned is not None:
+                _apply(config, tuned["params"], f"{self.tuned_path}: {cell_id(cell)}.{method}")
             for seed in run_seeds:
                 seeded = _substitute_seed(config, int(seed))
                 seeded["seed"] = int(seed)
                 resolved = validate_config(seeded, f"{self.path}: cell {cell_id(cell)}")
-                specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved)))
+                specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved),
+                                     tuned["provenance"] if tuned is not None else None))
         return specs
+
+    # -- tuned values (``tuned`` key; written by benchmarks.tuning) ---------------------------------
+    @property
+    def tuned_path(self) -> Path:
+        """The tuned-parameters file of this suite (``tuned.file``, default ``<stem>.tuned.yaml``)."""
+        return self.path.parent / (_tuned_spec(self.raw).get("file") or f"{self.path.stem}.tuned.yaml")
+
+    def uses_tuned(self, method: str) -> bool:
+        """Whether the suite takes ``method``'s values from the tuned file (when it has an entry)."""
+        methods = _tuned_spec(self.raw).get("methods") or []
+        return methods == "all" or method in methods
+
+    def _tuned_entry(self, cell: dict[str, str], method: str, profile: str) -> dict | None:
+        if not self.uses_tuned(method):
+            return None
+        source = _tuned_spec(self.raw).get("profile") or profile
+        entry = (((read_tuned(self.tuned_path).get("cells") or {}).get(cell_id(cell)) or {})
+                 .get(method) or {}).get(source)
+        if entry is None:
+            return None
+        provenance = {**(entry.get("provenance") or {}), "profile": source,
+                      "file": self.tuned_path.name, "params": entry["params"]}
+        return {"params": entry["params"], "provenance": provenance}
 
     def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str) -> None:
         for i, entry in enumerate(overrides or []):
@@ -217,6 +280,59 @@ class Suite:
         if profile not in profiles:
             raise SuiteError(f"{self.path}: unknown profile {profile!r}; allowed: {self.profiles}")
         return profiles[profile] or {}
+
+
+TUNED_KEYS = {"methods", "file", "profile"}
+_TUNED_CACHE: dict[str, tuple] = {}
+
+
+def _tuned_spec(raw: dict) -> dict:
+    spec = raw.get("tuned") or {}
+    return {"methods": spec} if isinstance(spec, (list, str)) else spec
+
+
+def read_tuned(path: Path) -> dict:
+    """The tuned-parameters file (``{}`` if absent), cached by modification time."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return {}
+    key, stamp = str(path.resolve()), (stat.st_mtime_ns, stat.st_size)
+    if _TUNED_CACHE.get(key, (None,))[0] != stamp:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise SuiteError(f"{path}: not valid YAML: {err}") from None
+        _check_keys(data, {"suite", "cells"}, str(path))
+        for cid, methods in (data.get("cells") or {}).items():
+            for method, profiles in (methods or {}).items():
+                for prof, entry in (profiles or {}).items():
+                    _check_keys(entry, {"params", "provenance"}, f"{path}: cells.{cid}.{method}.{prof}",
+                                {"params"})
+                    if not isinstance(entry["params"], dict):
+                        raise SuiteError(f"{path}: cells.{cid}.{method}.{prof}.params: expected a "
+                                         f"mapping of dotted keys to values")
+        _TUNED_CACHE[key] = (stamp, data)
+    return _TUNED_CACHE[key][1]
+
+
+def _check_tuned(raw: dict, path: Path) -> None:
+    if raw.get("tuned") is None:
+        return
+    spec = _tuned_spec(raw)
+    _check_keys(spec, TUNED_KEYS, f"{path}: tuned")
+    methods = spec.get("methods") or []
+    if methods != "all":
+        if not isinstance(methods, list):
+            raise SuiteError(f"{path}: tuned.methods: expected a list of method names or 'all'")
+        for name in methods:
+            if name not in METHODS:
+                raise SuiteError(f"{path}: tuned.methods: unknown method {name!r}; allowed: {METHODS.names()}")
+    profile = spec.get("profile")
+    if profile is not None and profile != "paper" and profile not in (raw.get("profiles") or {}):
+        raise SuiteError(f"{path}: tuned.profile: unknown profile {profile!r}")
+    if spec.get("file") is not None and not isinstance(spec["file"], str):
+        raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite")
 
 
 SEED_TOKEN = "${seed}"
@@ -320,6 +436,7 @@ def load_suite(path: str | Path) -> Suite:
         for name in section or {}:
             if name not in METHODS:
                 raise SuiteError(f"{path}: {where}.{name}: unknown method; allowed: {METHODS.names()}")
+    _check_tuned(raw, path)
     suite = Suite(path, raw, axes)
     cells = suite.cells()
     axis_names = [a.name for a in axes]

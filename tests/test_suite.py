@@ -328,3 +328,18 @@ def test_bad_override_conditions_are_rejected(tmp_path, when, message):
     raw["overrides"] = [{"when": when, "set": {"federation.batch_size": 7}}]
     with pytest.raises(SuiteError, match=message):
         load_suite(write_suite(tmp_path / "suite.yaml", raw))
+
+
+def test_config_hash_ignores_values_equal_to_the_schema_defaults():
+    from pfl_core.config import RunConfig
+
+    config = RunConfig.from_dict({"method": {"name": "fedavg", "params": {"lr": 0.1}}}).to_dict()
+    trimmed = copy.deepcopy(config)
+    del trimmed["data"]["subsample"], trimmed["evaluation"]["target"]  # as if these keys were new
+    assert config_hash(config) == config_hash(trimmed)
+    changed = copy.deepcopy(config)
+    changed["data"]["subsample"] = 100
+    assert config_hash(changed) != config_hash(config)
+    changed = copy.deepcopy(config)
+    changed["method"]["params"]["lr"] = 0.2
+    assert config_hash(changed) != config_hash(config)
