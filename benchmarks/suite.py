@@ -116,10 +116,17 @@ def cell_id(cell: dict[str, str]) -> str:
 def _without_defaults(value: Any, default: Any) -> Any:
     """``value`` minus the entries equal to ``default`` at the same path (dataclass fields only:
     free-form mappings such as ``method.params`` have an empty default and are kept whole)."""
-    if isinstance(value, dict) and isinstance(default, dict):
-        return {k: _without_defaults(v, default[k]) if k in default else v
-                for k, v in value.items() if k not in default or v != default[k]}
-    return value
+    out = {}
+    for key, v in value.items():
+        if key not in default:
+            out[key] = v
+        elif isinstance(v, dict) and isinstance(default[key], dict) and default[key]:
+            section = _without_defaults(v, default[key])
+            if section:
+                out[key] = section
+        elif v != default[key]:
+            out[key] = v
+    return out
 
 
 def config_hash(config: dict) -> str:
