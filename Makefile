@@ -8,10 +8,11 @@ PROFILE  ?= paper
 JOBS     ?= 1
 DEVICE   ?= auto
 PORT     ?= 5000
+OUT      ?= reports
 PFLBENCH := $(BIN)/pflbench
 STAMP    := $(VENV)/.installed
 SUITES   := $(sort $(wildcard suites/*/*.yaml))
-RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report
+RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report --out $(OUT)
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-fast mlflow-ui list clean-results
@@ -55,4 +56,28 @@ mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:
 		--default-artifact-root $(CURDIR)/results/mlartifacts --host 127.0.0.1 --port $(PORT)
 
 clean-results: ## Delete the local MLflow store and rendered reports (asks no question)
-	rm -rf results/mlflow.db results/mlartifacts reports/*
+	rm -rf results/mlflow.db results/mlartifacts reports/*/ reports/*.pdf
+
+.PHONY: reports
+PAPERS := $(sort $(notdir $(patsubst %/,%,$(dir $(SUITES)))))
+
+report-%: $(STAMP) ## report-<paper>: tables, figures and reports/<paper>.pdf from the MLflow store
+	$(PFLBENCH) report --paper $* --profile $(PROFILE)
+
+reports: $(STAMP) ## Render the report of every paper that has suites (PROFILE=... as for reproduce)
+	@for p in $(PAPERS); do $(PFLBENCH) report --paper $$p --profile $(PROFILE) || exit $$?; done
+
+# -- tuning (benchmarks/tuning.py) --------------------------------------------------------------------
+TRIALS       ?= 20
+TUNE_PROFILE ?= $(PROFILE)
+OPTUNA_DB    ?= $(CURDIR)/results/optuna.db
+
+tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation data) per cell of every method the suite tunes
+	@suite="$(filter suites/$(subst -,/,$*).yaml,$(SUITES))"; \
+	[ -n "$$suite" ] || { echo "no suite for '$*'; see 'make help'"; exit 2; }; \
+	$(PFLBENCH) tune $$suite --profile $(TUNE_PROFILE) --trials $(TRIALS) --jobs $(JOBS) --device $(DEVICE) \
+		--storage sqlite:///$(OPTUNA_DB) $(if $(METHOD),$(foreach m,$(METHOD),--method $(m)))
+
+optuna-dashboard: $(STAMP) ## Serve the Optuna dashboard on the local study store (http://127.0.0.1:$(PORT))
+	@[ -x $(BIN)/optuna-dashboard ] || { echo "optuna-dashboard is not installed: $(BIN)/pip install optuna-dashboard"; exit 2; }
+	$(BIN)/optuna-dashboard sqlite:///$(OPTUNA_DB) --host 127.0.0.1 --port $(PORT)

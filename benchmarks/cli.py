@@ -1,4 +1,4 @@
-"""The ``pflbench`` command line: run, list and report suites."""
+"""The ``pflbench`` command line: run, tune, list and report suites."""
 from __future__ import annotations
 
 import argparse
@@ -45,15 +45,60 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from benchmarks.report import write_report
+    """Tables and figures of each named suite (or of every suite of ``--paper``), then one PDF
+    per paper covering every suite of that paper's folder."""
+    from benchmarks.report import paper_suites, render_paper, sibling_suites
 
+    paths = list(args.suites or [])
+    if getattr(args, "paper", None):
+        found = paper_suites(args.paper, SUITES_DIR)
+        if not found:
+            raise SuiteError(f"--paper {args.paper}: no suite file under {SUITES_DIR / args.paper}/*.yaml")
+        paths += [str(p) for p in found]
+    if not paths:
+        raise SuiteError("report: name suite files or --paper PAPER")
+    named = [load_suite(p) for p in dict.fromkeys(paths)]
+    papers: dict[str, list] = {}
+    loaded = {s.path.resolve(): s for s in named}
+    for suite in named:
+        for member in sibling_suites(suite, loaded):
+            bucket = papers.setdefault(member.paper, [])
+            if all(member.key != m.key for m in bucket):
+                bucket.append(member)
     tracker = _tracker(args)
-    for path in args.suites:
-        suite = load_suite(path)
-        md, csv, table = write_report(suite, tracker, args.profile, Path(args.out))
-        runs = int(table["n_seeds"].sum())
-        print(f"{suite.key} [{args.profile}]: {runs} finished runs -> {md}, {csv}")
+    for paper, suites in papers.items():
+        done = render_paper(paper, suites, tracker, args.profile, Path(args.out))
+        for part in done.suites:
+            if any(part.report.suite.key == s.key for s in named):
+                runs = int(part.report.table["n_seeds"].sum())
+                print(f"{part.report.suite.key} [{args.profile}]: {runs} finished runs -> {part.md}, {part.csv}")
+        print(f"{paper} [{args.profile}]: {len(suites)} suite(s), {len(done.pages)} pages -> {done.pdf} "
+              f"({done.seconds:.1f}s)")
     return 0
+
+
+def cmd_tune(args) -> int:
+    """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning)."""
+    from benchmarks.tuning import TuneOptions, tune
+
+    opts = TuneOptions(profile=args.profile, trials=args.trials, timeout=args.timeout, storage=args.storage,
+                       jobs=args.jobs, seeds=tuple(args.seeds), validation_fraction=args.validation_fraction,
+                       val_split=args.val_split, eval_points=args.eval_points, sampler=args.sampler,
+                       sampler_seed=args.sampler_seed, pruner=args.pruner, pruner_startup=args.pruner_startup,
+                       device=args.device, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
+                       write=not args.no_write)
+    results = tune(args.suite, methods=args.method, cells=parse_only(args.cell), opts=opts)
+    failed = 0
+    for r in results:
+        counts = f"{r.n_complete} complete, {r.n_pruned} pruned, {r.n_failed} failed"
+        if r.best_trial is None:
+            failed += 1
+            print(f"{r.study_name}: no complete trial ({counts})", file=sys.stderr)
+            continue
+        params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.best_params.items())
+        print(f"{r.study_name}: best trial {r.best_trial} value={r.best_value:.4f} ({counts}); {params}"
+              + (f" -> {r.tuned_file}" if r.tuned_file else ""))
+    return 1 if failed else 0
 
 
 def cmd_list(args) -> int:
@@ -98,11 +143,43 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--strict", action="store_true", help="exit 1 if any run failed")
     run.set_defaults(func=cmd_run)
 
-    report = sub.add_parser("report", help="render Markdown and CSV tables from the MLflow store")
-    report.add_argument("suites", nargs="+", help="suite files")
+    report = sub.add_parser("report", help="render tables (Markdown, LaTeX, CSV), figures and the "
+                                           "paper's PDF from the MLflow store")
+    report.add_argument("suites", nargs="*", help="suite files (their paper's PDF covers the paper's folder)")
+    report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
     store_args(report)
     report.add_argument("--out", default="reports", help="output folder (default reports/)")
     report.set_defaults(func=cmd_report)
+
+    tune = sub.add_parser("tune", help="Optuna studies of a suite's methods on validation data; the best "
+                                       "parameters go to <suite>.tuned.yaml")
+    tune.add_argument("suite", help="path of a suite file, e.g. suites/demo/offline.yaml")
+    store_args(tune)
+    tune.add_argument("--method", action="append", metavar="M",
+                      help="method name or method-axis label (repeatable); 'all' = every method; default: the "
+                           "suite's tuned.methods, else every method")
+    tune.add_argument("--cell", action="append", metavar="AXIS=LABEL[,LABEL]",
+                      help="restrict to cells whose AXIS has one of the labels (repeatable)")
+    tune.add_argument("--trials", type=int, default=20, help="trial budget of each study (total; default 20)")
+    tune.add_argument("--timeout", type=float, default=None, help="seconds per worker for this call")
+    tune.add_argument("--storage", default=None,
+                      help="Optuna RDB URL (default sqlite:///results/optuna.db; postgresql://... for many workers)")
+    tune.add_argument("--jobs", type=int, default=1, help="worker processes sharing the storage (default 1)")
+    tune.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001],
+                      help="tuning seeds, disjoint from the suite's seeds (default 1000 1001)")
+    tune.add_argument("--validation-fraction", type=float, default=0.2,
+                      help="unseen protocol: fraction of seen clients held out as validation clients (0.2)")
+    tune.add_argument("--val-split", type=float, default=0.1,
+                      help="seen protocol: val split carved out of each client's train part (0.1)")
+    tune.add_argument("--eval-points", type=int, default=5, help="evaluations per run for pruning (5)")
+    tune.add_argument("--sampler", choices=["tpe", "random"], default="tpe")
+    tune.add_argument("--sampler-seed", type=int, default=0)
+    tune.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
+    tune.add_argument("--pruner-startup", type=int, default=5, help="trials before the median pruner prunes (5)")
+    tune.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    tune.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
+    tune.add_argument("--no-write", action="store_true", help="do not write the tuned-parameters file")
+    tune.set_defaults(func=cmd_tune)
 
     lst = sub.add_parser("list", help="list registered components or suite files")
     lst.add_argument("what", choices=["methods", "datasets", "models", "partitioners", "protocols", "suites"])

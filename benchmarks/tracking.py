@@ -105,6 +105,7 @@ class Tracker:
             "sampling_digest": outcome.get("info", {}).get("sampling_digest", ""),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             **{f"cell.{k}": v for k, v in spec.cell.items()},
+            **getattr(spec, "tags", {}),  # tuned=true|false and tuned.* provenance (benchmarks.tuning)
         }
         if outcome.get("info", {}).get("dataset_offline"):
             tags["offline_data"] = "true"

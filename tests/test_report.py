@@ -1,15 +1,23 @@
-"""Reports rendered from a real MLflow store filled by a smoke sweep."""
+"""Reports rendered from a real MLflow store: a smoke sweep of the tiny suite (one run made to
+diverge) and hand-made runs logged through the Tracker (CAFeMe curves, best-validation rounds).
+Tables (Markdown, CSV, LaTeX), the PDF (parsed with pypdf) and the ``report`` command."""
 from __future__ import annotations
 
+import copy
 import math
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
+from pypdf import PdfReader
 
 import benchmarks.runner as runner
-from benchmarks.report import spread, write_report
+from benchmarks.cli import main
+from benchmarks.report import render_paper, write_report
 from benchmarks.runner import run_sweep
 from benchmarks.suite import cell_id, load_suite
 from benchmarks.tracking import Tracker
@@ -18,18 +26,78 @@ from conftest import store, tiny_suite_dict, write_suite
 
 FAIL_CELL = {"setting": "iid", "method": "fedavg_ft"}
 FAIL_SEED = 1
-EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "pm",
-                    "published_mean", "published_pm", "published_pm_kind", "published_source", "diff",
-                    "failure_reason", "profile", "metric"]
+EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
+                    "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
+                    "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
+                    "failure_reason", "switches", "profile", "metric", "aggregate", "pm_kind", "ddof"]
+NOTICE = "Not comparable with the paper"
+
+# hand-made runs: fractions; the metric scale (100) makes them percent
+CURVES = {0: [0.1, 0.3, 0.5, 0.6, 0.7], 1: [0.2, 0.2, 0.4, 0.8, 0.9]}
+VAL_HISTORY = {  # seed -> [(round, val_acc_weighted, acc_weighted)]
+    0: [(49, 0.60, 0.58), (99, 0.72, 0.69), (149, 0.71, 0.75)],
+    1: [(49, 0.65, 0.61), (99, 0.64, 0.66), (149, 0.70, 0.68)],
+}
 
 
 def quiet(*_args, **_kwargs):
     pass
 
 
+def hand_suite(name: str) -> dict:
+    """Suites of paper ``hand`` whose runs are logged by hand (paper profile, seeds 0 and 1)."""
+    data = copy.deepcopy(tiny_suite_dict())
+    data.update(paper="hand", name=name, table=f"Hand {name}", caption=f"Caption of the {name} suite.")
+    data["base"]["data"]["dataset"] = "mnist"  # not an offline stand-in (the runs are logged by hand)
+    if name == "curves":
+        data["metric"].update(aggregate="last3_of_seed_mean_curve", figure="curves", pm="std", ddof=0)
+        data["published"] = [
+            {"cell": {"setting": "dir", "method": "local"}, "mean": 60.0, "pm": 4.0, "pm_kind": "std", "runs": 5, "source": "T1"},
+            {"cell": {"setting": "dir", "method": "fedavg"}, "mean": 40.0, "pm": 1.0, "pm_kind": "std", "runs": 5, "source": "T1"},
+            {"cell": {"setting": "dir", "method": "fedavg_ft"}, "mean": 90.0, "pm": 1.0, "pm_kind": "std", "runs": 5, "source": "T1"},
+            {"cell": {"setting": "iid", "method": "local"}, "mean": 61.0, "pm": 2.0, "pm_kind": "std", "runs": 5, "source": "T1"},
+        ]
+    else:
+        data["metric"].update(key="round/acc_weighted", aggregate="best_val_round",
+                              select_metric="round/val_acc_weighted", pm="sem", ddof=0, tolerance=1.0)
+        data["published"] = [
+            {"cell": {"setting": "dir", "method": "local"}, "mean": 68.0, "source": "T2"},
+            {"cell": {"setting": "dir", "method": "fedavg"}, "mean": 63.0, "source": "T2"},
+        ]
+    return data
+
+
+def log_by_hand(tracker: Tracker, suite, spec, **outcome) -> None:
+    base = {"started": 1000.0, "ended": 1000.0 + outcome.pop("wall", 2.0),
+            "info": {"device": "cpu", "dataset_offline": False}}
+    tracker.log(spec, {"paper": suite.paper, "table": suite.raw["table"]}, {**base, **outcome}, ("c0ffee", False))
+
+
+def fill_hand_store(root, tracker):
+    suites = {}
+    for name in ("curves", "bestval"):
+        suite = load_suite(write_suite(root / "suites" / "hand" / f"{name}.yaml", hand_suite(name)))
+        suites[name] = suite
+        for spec in suite.expand("paper"):
+            cell = (spec.cell["setting"], spec.cell["method"])
+            if name == "curves":
+                if cell == ("iid", "fedavg_ft") or (cell == ("iid", "local") and spec.seed == 1):
+                    continue  # not run / partial
+                if cell == ("iid", "fedavg"):
+                    log_by_hand(tracker, suite, spec, error="diverged: hand-made nan")
+                    continue
+                log_by_hand(tracker, suite, spec, curve_mean=CURVES[spec.seed],
+                            metrics={"acc_last3": float(np.mean(CURVES[spec.seed][-3:]))})
+            elif cell[0] == "dir":
+                rows = [{"round": r, "train_loss": 1.0, "val_acc_weighted": v, "acc_weighted": t}
+                        for r, v, t in VAL_HISTORY[spec.seed]]
+                log_by_hand(tracker, suite, spec, history=rows, metrics={"acc_weighted": rows[-1]["acc_weighted"]})
+    return suites
+
+
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
-    """Smoke sweep of the tiny suite (one run made to diverge), then its report."""
+    """One store: the smoke sweep of the tiny suite (one run diverges) and the hand-made suites."""
     root = tmp_path_factory.mktemp("report")
     real = runner.run_experiment
 
@@ -42,15 +110,19 @@ def reported(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.chdir(root)
         mp.setattr(runner, "run_experiment", one_fails)
-        path = write_suite(root / "mini.yaml", tiny_suite_dict())
+        path = write_suite(root / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
         suite = load_suite(path)
         uri, art = store(root / "store")
         tracker = Tracker(uri, art)
         summary = run_sweep(suite, suite.expand("smoke"), tracker, device="cpu", echo=quiet)
-        md, csv, table = write_report(suite, tracker, "smoke", out_dir=root / "reports")
+        hand = fill_hand_store(root, tracker)
+        tiny_pdf = render_paper("tiny", [suite], tracker, "smoke", root / "reports")
+        hand_pdf = render_paper("hand", [hand["curves"], hand["bestval"]], tracker, "paper", root / "reports")
     assert summary.failed == 1
-    return {"root": root, "path": path, "suite": suite, "tracker": tracker, "uri": uri,
-            "md": md, "csv": csv, "table": table, "text": md.read_text(), "frame": pd.read_csv(csv)}
+    md, csv = tiny_pdf.suites[0].md, tiny_pdf.suites[0].csv
+    return {"root": root, "path": path, "suite": suite, "tracker": tracker, "uri": uri, "hand": hand,
+            "tiny_pdf": tiny_pdf, "hand_pdf": hand_pdf, "md": md, "csv": csv,
+            "text": md.read_text(), "frame": pd.read_csv(csv, keep_default_na=False, na_values=[""])}
 
 
 @pytest.fixture(autouse=True)
@@ -58,11 +130,11 @@ def _isolated(isolated):
     return isolated
 
 
-def md_rows(text: str, n_axes: int = 2) -> dict[tuple, list[str]]:
-    """Table rows of the report keyed by their axis labels."""
+def md_rows(text: str, first: str = "| setting | method |", n_axes: int = 2) -> dict[tuple, list[str]]:
+    """Table rows of a Markdown report keyed by their axis labels."""
     rows = {}
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("| setting | method |"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
@@ -85,25 +157,41 @@ def mlflow_values(uri: str, suite, profile: str) -> dict[str, list[float]]:
     return values
 
 
+def row_of(table: pd.DataFrame, setting: str, method: str):
+    return table[(table["setting"] == setting) & (table["method"] == method)].iloc[0]
+
+
+def pdf_pages(path) -> list[str]:
+    return [page.extract_text() for page in PdfReader(path).pages]
+
+
+def squash(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+# ------------------------------------------------------------------ smoke sweep: tables
+
 def test_report_files_written_under_out_dir(reported):
-    suite = reported["suite"]
-    assert reported["md"] == reported["root"] / "reports" / suite.paper / f"{suite.name}.md"
-    assert reported["csv"] == reported["root"] / "reports" / suite.paper / f"{suite.name}.csv"
-    assert reported["md"].is_file() and reported["csv"].is_file()
+    suite, folder = reported["suite"], reported["root"] / "reports" / "tiny"
+    assert reported["md"] == folder / f"{suite.name}.md" and reported["csv"] == folder / f"{suite.name}.csv"
+    for name in ("mini.md", "mini.csv", "mini.tex", "mini_bars.png", "mini_diff.png"):
+        assert (folder / name).is_file(), name
+    assert (reported["root"] / "reports" / "tiny.pdf").is_file()
 
 
-def test_markdown_header_caption_and_notice(reported):
+def test_markdown_header_caption_notice_and_legend(reported):
     suite, text = reported["suite"], reported["text"]
     assert text.startswith(f"# {suite.raw['table']} ({suite.key})")
     assert suite.raw["caption"].strip() in text
-    notice = [line for line in text.splitlines() if "Not comparable" in line]
+    notice = [line for line in text.splitlines() if NOTICE in line]
     assert len(notice) == 1
     assert "`smoke` profile" in notice[0] and "offline data" in notice[0]
     assert f"`{suite.metric['key']}`" in text and suite.metric["label"] in text
     assert f"ddof={suite.metric['ddof']}" in text
+    assert "Legend:" in text and "- **no reference**:" in text and "Does the paper's conclusion hold?" in text
 
 
-def test_markdown_one_row_per_cell_with_seed_counts(reported):
+def test_markdown_one_row_per_cell_with_seed_counts_and_verdicts(reported):
     suite = reported["suite"]
     rows = md_rows(reported["text"])
     assert set(rows) == {tuple(c.values()) for c in suite.cells()}
@@ -111,8 +199,10 @@ def test_markdown_one_row_per_cell_with_seed_counts(reported):
     for key, cells in rows.items():
         if key == tuple(FAIL_CELL.values()):
             assert cells[0] == f"{n - 1}/{n} (1 failed)"
+            assert cells[-1].startswith(f"partial {n - 1}/{n} (no reference)")
         else:
             assert cells[0] == f"{n}/{n}"
+            assert cells[-1] in ("reproduced", "above", "below", "no reference")
 
 
 def test_csv_columns_and_means_match_mlflow(reported):
@@ -122,95 +212,260 @@ def test_csv_columns_and_means_match_mlflow(reported):
     assert set(frame["profile"]) == {"smoke"} and set(frame["metric"]) == {suite.metric["key"]}
     values = mlflow_values(reported["uri"], suite, "smoke")
     for _, row in frame.iterrows():
-        key = cell_id({"setting": row["setting"], "method": row["method"]})
-        mine = values[key]
+        mine = values[cell_id({"setting": row["setting"], "method": row["method"]})]
         assert row["n_seeds"] == len(mine)
         assert row["expected_seeds"] == len(tiny_suite_dict()["profiles"]["smoke"]["seeds"])
         assert row["mean"] == pytest.approx(np.mean(mine))
         assert 0 <= row["mean"] <= suite.metric["scale"]
+        if len(mine) >= 2:
+            assert row["std"] == pytest.approx(np.std(mine, ddof=1))
+            assert row["sem"] == pytest.approx(np.std(mine, ddof=1) / np.sqrt(len(mine)))
+            assert row["pm"] == pytest.approx(np.std(mine, ddof=suite.metric["ddof"]))
 
 
-def test_spread_convention_matches_numpy(reported, tmp_path):
-    suite, frame = reported["suite"], reported["frame"]
-    values = mlflow_values(reported["uri"], suite, "smoke")
-    ddof = suite.metric["ddof"]
-    checked = 0
-    for _, row in frame.iterrows():
-        mine = np.array(values[cell_id({"setting": row["setting"], "method": row["method"]})])
-        if len(mine) < 2:
-            assert math.isnan(row["pm"]) and math.isnan(row["std"])
-            continue
-        assert row["std"] == pytest.approx(np.std(mine, ddof=1))
-        assert row["pm"] == pytest.approx(np.std(mine, ddof=ddof))
-        checked += 1
-    assert checked >= len(suite.cells()) - 1
-    # the same store under an SEM (ddof=1) convention: same experiment, same config hashes
+def test_spread_convention_follows_the_suite(reported, tmp_path):
+    values = mlflow_values(reported["uri"], reported["suite"], "smoke")
     data = tiny_suite_dict()
     data["metric"].update(pm="sem", ddof=1)
-    sem_suite = load_suite(write_suite(tmp_path / "sem.yaml", data))
+    sem_suite = load_suite(write_suite(tmp_path / "sem.yaml", data))  # same experiment and hashes
     _, _, table = write_report(sem_suite, reported["tracker"], "smoke", out_dir=tmp_path / "sem")
+    checked = 0
     for _, row in table.iterrows():
         mine = np.array(values[cell_id({"setting": row["setting"], "method": row["method"]})])
         if len(mine) >= 2:
             assert row["pm"] == pytest.approx(np.std(mine, ddof=1) / np.sqrt(len(mine)))
+            checked += 1
+    assert checked == len(table) - 1
     assert "mean ± sem (ddof=1)" in (tmp_path / "sem" / "tiny" / "mini.md").read_text()
 
 
-def test_spread_helper_edge_cases():
-    values = pd.Series([1.0, 2.0, 4.0])
-    assert spread(values, "std", 0) == pytest.approx(np.std(values.to_numpy(), ddof=0))
-    assert spread(values, "sem", 1) == pytest.approx(np.std(values.to_numpy(), ddof=1) / np.sqrt(3))
-    assert math.isnan(spread(values, "none", 0))
-    assert math.isnan(spread(pd.Series([3.0]), "std", 0))
-
-
-def test_published_values_and_signed_differences(reported):
+def test_published_values_signed_differences_and_verdicts(reported):
     suite, frame = reported["suite"], reported["frame"]
     rows = md_rows(reported["text"])
     published = {tuple(p["cell"][a.name] for a in suite.axes): p for p in suite.published}
     assert published
     for _, row in frame.iterrows():
         key = (row["setting"], row["method"])
-        ours, paper, diff = rows[key][1:4]
+        ours, paper, diff, bound, verdict = rows[key][1:6]
         assert ours.startswith(f"{row['mean']:.2f}")
-        if key in published:
-            pub = published[key]
-            assert row["published_mean"] == pub["mean"]
-            assert row["published_pm"] == pub["pm"]
-            assert row["published_source"] == pub["source"]
-            assert row["diff"] == pytest.approx(row["mean"] - pub["mean"])
-            assert paper == f"{pub['mean']:.2f} ± {pub['pm']:.2f}"
-            expected = row["mean"] - pub["mean"]
-            assert diff == f"{expected:+.2f}"
-            assert diff[0] in "+-"
-        else:
+        if key not in published:
             assert math.isnan(row["published_mean"]) and math.isnan(row["diff"])
-            assert paper == "—" and diff == "—"
+            assert (paper, diff, bound) == ("—", "—", "—")
+            continue
+        pub = published[key]
+        assert (row["published_mean"], row["published_pm"], row["published_source"]) == (pub["mean"], pub["pm"], pub["source"])
+        assert row["diff"] == pytest.approx(row["mean"] - pub["mean"])
+        assert paper == f"{pub['mean']:.2f} ± {pub['pm']:.2f}" and diff == f"{row['mean'] - pub['mean']:+.2f}"
+        se_paper = pub["pm"] * math.sqrt(pub["runs"] / (pub["runs"] - 1)) / math.sqrt(pub["runs"])  # ddof 0
+        expected_bound = 2 * math.sqrt(se_paper ** 2 + row["sem"] ** 2)
+        assert row["bound"] == pytest.approx(expected_bound) and bound == f"±{expected_bound:.2f} (2SE)"
+        expected = "reproduced" if abs(row["diff"]) <= expected_bound else ("above" if row["diff"] > 0 else "below")
+        assert verdict == row["verdict"] == expected
 
 
 def test_failed_run_counted_with_reason(reported):
     frame, text = reported["frame"], reported["text"]
     failed = frame[frame["failed"] > 0]
     assert list(zip(failed["setting"], failed["method"])) == [tuple(FAIL_CELL.values())]
-    assert failed.iloc[0]["failed"] == 1
     assert "injected" in failed.iloc[0]["failure_reason"] and "diverged" in failed.iloc[0]["failure_reason"]
     assert (frame.loc[frame["failed"] == 0, "failure_reason"].fillna("") == "").all()
-    assert "Failed runs:" in text
     assert f"- {FAIL_CELL['setting']}/{FAIL_CELL['method']}: diverged: injected" in text
+
+
+def test_fidelity_switches_listed_per_cell(reported):
+    frame, text = reported["frame"], reported["text"]
+    assert set(frame["switches"]) == {"method.local_epochs=1 (default 5); method.lr=0.05 (default 0.001)"}
+    assert "- dir/fedavg: method.local_epochs=1 (default 5); method.lr=0.05 (default 0.001)" in text
 
 
 def test_report_of_a_profile_without_runs(reported, tmp_path):
     _, _, table = write_report(reported["suite"], reported["tracker"], "paper", out_dir=tmp_path)
     assert (table["n_seeds"] == 0).all() and table["mean"].isna().all()
+    assert set(table["verdict"]) == {"not run"}
     text = (tmp_path / "tiny" / "mini.md").read_text()
     n = len(tiny_suite_dict()["seeds"])
-    assert all(cells[0] == f"0/{n}" and cells[1] == "—" for cells in md_rows(text).values())
+    assert all(cells[0] == f"0/{n}" and cells[1] == "—" and cells[-1] == "not run" for cells in md_rows(text).values())
+    notice = [line for line in text.splitlines() if NOTICE in line]  # digits28 is offline, known before any run
+    assert len(notice) == 1 and "offline data" in notice[0] and "profile" not in notice[0]
 
 
-def test_rerun_after_failure_replaces_the_failed_run(tmp_path, tiny_suite, monkeypatch):
-    suite = load_suite(tiny_suite)
+# ------------------------------------------------------------------ hand-made store: aggregation modes
+
+def test_cafeme_curve_statistic_from_the_store(reported):
+    table = reported["hand_pdf"].suites[0].report.table
+    grid = np.array([CURVES[0], CURVES[1]]) * 100
+    value = grid.mean(axis=0)[-3:].mean()
+    pm = np.mean([np.std(grid[:, k], ddof=0) for k in (-3, -2, -1)])
+    seeds = grid[:, -3:].mean(axis=1)
+    row = row_of(table, "dir", "local")
+    assert row["mean"] == pytest.approx(value) and row["pm"] == pytest.approx(pm)
+    assert row["sem"] == pytest.approx(np.std(seeds, ddof=1) / np.sqrt(2))
+    assert (row["mean"], round(row["pm"], 4)) == (pytest.approx(65.0), 8.3333)
+
+
+def test_every_verdict_reached_on_the_hand_made_store(reported):
+    table = reported["hand_pdf"].suites[0].report.table
+    verdicts = {(r["setting"], r["method"]): r["verdict"] for _, r in table.iterrows()}
+    assert verdicts == {("dir", "local"): "reproduced", ("dir", "fedavg"): "above", ("dir", "fedavg_ft"): "below",
+                        ("iid", "local"): "partial", ("iid", "fedavg"): "failed", ("iid", "fedavg_ft"): "not run"}
+    partial = row_of(table, "iid", "local")
+    assert partial["verdict_detail"] == "1/2 (reproduced)" and partial["rule"] == "2SE*"  # 60 vs 61 +- 2 std
+    assert "hand-made nan" in row_of(table, "iid", "fedavg")["verdict_detail"]
+    text = reported["hand_pdf"].suites[0].md.read_text()
+    for word in ("reproduced", "above", "below", "partial", "failed", "not run"):
+        assert f"- **{word}**:" in text
+
+
+def test_best_validation_round_selection_from_the_store(reported):
+    report = reported["hand_pdf"].suites[1].report
+    picks = [0.69, 0.68]  # seed 0: round 99 (val 0.72); seed 1: round 149 (val 0.70)
+    row = row_of(report.table, "dir", "fedavg")
+    assert row["mean"] == pytest.approx(100 * np.mean(picks))
+    assert row["pm"] == pytest.approx(100 * np.std(picks, ddof=0) / np.sqrt(2))
+    finals = [VAL_HISTORY[s][-1][2] for s in (0, 1)]
+    assert row["mean"] != pytest.approx(100 * np.mean(finals))  # not the last round
+    # no spread published: the suite's tolerance (1.0) decides
+    assert (row["rule"], row["bound"], row["verdict"]) == ("tol", 1.0, "above")  # 68.5 vs 63.0
+    local = row_of(report.table, "dir", "local")
+    assert (local["rule"], local["verdict"]) == ("tol", "reproduced")  # 68.5 vs 68.0
+
+
+def test_conclusions_best_method_and_kendall_tau(reported):
+    report = reported["hand_pdf"].suites[0].report
+    (dir_col, iid_col) = report.conclusions
+    assert (dir_col.column, dir_col.methods, dir_col.best_paper) == ("dir", 3, "fedavg_ft")
+    assert dir_col.best_ours == "local" and not dir_col.best_holds  # all three equal: first wins
+    assert math.isnan(dir_col.tau)  # our three values tie: tau undefined
+    assert (iid_col.methods, iid_col.best_ours, iid_col.best_paper) == (1, "local", "local")
+    text = reported["hand_pdf"].suites[0].md.read_text()
+    assert "- dir: best ours **local**, best paper **fedavg_ft** (does not hold)" in text
+
+
+# ------------------------------------------------------------------ LaTeX
+
+def balanced(tex: str) -> bool:
+    stack = []
+    for kind, name in re.findall(r"\\(begin|end)\{([^}]*)\}", tex):
+        if kind == "begin":
+            stack.append(name)
+        elif not stack or stack.pop() != name:
+            return False
+    depth = 0
+    for ch in re.sub(r"\\[{}]", "", tex):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return not stack and depth == 0 and tex.count("$") % 2 == 0
+
+
+def test_balance_checker_catches_errors():
+    assert balanced(r"\begin{a}\begin{b}{x}\end{b}\end{a}")
+    assert not balanced(r"\begin{a}\begin{b}\end{a}\end{b}")
+    assert not balanced(r"\begin{a}{\end{a}") and not balanced(r"$x")
+
+
+def test_latex_tables_are_booktabs_with_bold_best_and_balanced(reported, tmp_path):
+    tiny = reported["tiny_pdf"].suites[0].tex.read_text()
+    hand = reported["hand_pdf"].suites[0].tex.read_text()
+    for tex in (tiny, hand):
+        assert balanced(tex), tex
+        assert all(rule in tex for rule in (r"\toprule", r"\midrule", r"\bottomrule"))
+        assert "Ours & Paper" in tex and r"\caption{" in tex
+    assert r"fedavg\_ft" in tiny and r"\textbf{" in tiny
+    assert r"\textbf{90.00 $\pm$ 1.00}" in hand  # the paper's best in its column
+    assert r"40.00 $\pm$ 1.00" in hand and r"$^{\uparrow}$" in hand and r"$^{\downarrow}$" in hand
+    assert "failed" in hand and "not comparable" not in hand.lower()
+    assert "Not comparable with the paper" in tiny
+    engine = next((e for e in ("pdflatex", "lualatex", "tectonic") if shutil.which(e)), None)
+    if engine is None:
+        return  # no TeX engine on this machine: the balance check above is the test
+    doc = tmp_path / "t.tex"
+    doc.write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"
+                   + tiny + hand + "\\end{document}\n")
+    args = [engine, doc.name] if engine == "tectonic" else [engine, "-interaction=nonstopmode", doc.name]
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ PDF
+
+def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
+    done = reported["tiny_pdf"]
+    pages = pdf_pages(done.pdf)
+    assert len(pages) == len(done.pages) == 7
+    assert done.pages[0] == "title"
+    for page in pages:
+        assert NOTICE in squash(page)
+    title = squash(pages[0])
+    for field in ("Paper: tiny", "Code commit:", "Date rendered:", "Device: cpu", "Profile: smoke",
+                  "Runs: 11 finished, 1 failed, of 12 expected", "Total compute time:"):
+        assert field in title, field
+    body = squash(" ".join(pages[1:]))
+    suite = reported["suite"]
+    assert suite.raw["table"] in body and squash(suite.raw["caption"]) in body
+    assert "50.00 ± 1.50" in body and "30.00 ± 2.00" in body  # published numbers
+    assert "partial 1/2" in body and "diverged: injected" in body
+    assert "ours vs paper" in body and "difference to the paper" in body
+    assert "fidelity switches" in body and "method.lr=0.05 (default 0.001)" in body
+    assert "exact setup" in body and "clients_per_round: 3" in body
+
+
+def test_pdf_total_compute_time_is_the_sum_of_wall_s(reported):
+    runs = reported["tiny_pdf"].suites[0].report.runs
+    total = runs["wall_s"].sum()
+    assert f"Total compute time: {total:.1f} s" in squash(pdf_pages(reported["tiny_pdf"].pdf)[0])
+
+
+def test_pdf_of_the_paper_profile_has_sections_figures_and_no_notice(reported):
+    done = reported["hand_pdf"]
+    pages = pdf_pages(done.pdf)
+    assert len(pages) == len(done.pages)
+    assert not any(NOTICE in squash(p) for p in pages)
+    text = squash(" ".join(pages))
+    assert "Paper: hand" in text and "Code commit: c0ffee" in text and "Runs: 13 finished, 2 failed, of 24 expected" in text
+    for title in ("1. Hand curves (hand/curves)", "2. Hand bestval (hand/bestval)"):
+        assert title in text
+    assert "1. Hand curves (hand/curves): reproduced figure" in done.pages
+    assert "accuracy vs personalization steps" in text  # the CAFeMe Fig. 4 form
+    assert "Kendall" in text and "best ours local, best paper fedavg_ft (does not hold)" in text
+    assert "60.00 ± 4.00" in text and "65.00 ± 8.33" in text
+
+
+# ------------------------------------------------------------------ commands
+
+def test_report_command_by_paper(reported, tmp_path, capsys):
+    for name in ("curves", "bestval"):
+        write_suite(tmp_path / "suites" / "hand" / f"{name}.yaml", hand_suite(name))
+    out = tmp_path / "out"
+    assert main(["report", "--paper", "hand", "--tracking-uri", reported["uri"], "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "hand.pdf").is_file() and (out / "hand" / "curves.md").is_file() and (out / "hand" / "bestval.tex").is_file()
+    assert f"hand [paper]: 2 suite(s), {len(pdf_pages(out / 'hand.pdf'))} pages -> {out / 'hand.pdf'}" in printed
+    assert main(["report", "--paper", "nope", "--tracking-uri", reported["uri"]]) == 2
+    assert main(["report", "--tracking-uri", reported["uri"]]) == 2
+
+
+def test_run_with_report_renders_the_paper_pdf(reported, tmp_path, capsys):
+    path = write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
+    out = tmp_path / "out"
+    rc = main(["run", str(path), "--profile", "smoke", "--tracking-uri", reported["uri"], "--device", "cpu",
+               "--only", "setting=dir", "--report", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "0 finished, 0 failed, 6 skipped" in printed  # all FINISHED in the module's store
+    assert (out / "tiny.pdf").is_file() and "tiny [smoke]: 1 suite(s)" in printed
+
+
+# ------------------------------------------------------------------ run selection (real sweeps)
+
+def renamed(suite_data: dict, name: str) -> dict:
+    return {**suite_data, "name": name}
+
+
+def test_rerun_after_failure_replaces_the_failed_run(reported, tmp_path, suite_data, monkeypatch):
+    suite = load_suite(write_suite(tmp_path / "rerun.yaml", renamed(suite_data, "rerun")))
     specs = suite.expand("smoke", only={"setting": ["iid"], "method": ["local"]})
-    tracker = Tracker(*store(tmp_path / "store"))
+    tracker = reported["tracker"]
     real = runner.run_experiment
 
     def seed1_fails(cfg, **kwargs):
@@ -221,53 +476,54 @@ def test_rerun_after_failure_replaces_the_failed_run(tmp_path, tiny_suite, monke
     monkeypatch.setattr(runner, "run_experiment", seed1_fails)
     run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     _, _, before = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r1")
-    row = before[(before["setting"] == "iid") & (before["method"] == "local")].iloc[0]
-    assert (row["n_seeds"], row["failed"]) == (len(specs) - 1, 1)
+    row = row_of(before, "iid", "local")
+    assert (row["n_seeds"], row["failed"], row["verdict"]) == (len(specs) - 1, 1, "partial")
 
     monkeypatch.setattr(runner, "run_experiment", real)
     run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     _, _, after = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r2")
-    row = after[(after["setting"] == "iid") & (after["method"] == "local")].iloc[0]
+    row = row_of(after, "iid", "local")
     assert (row["n_seeds"], row["failed"], row["failure_reason"]) == (len(specs), 0, "")
+    assert row["verdict"] == "reproduced" or row["verdict"] in ("above", "below")  # has a reference
     values = mlflow_values(tracker.uri, suite, "smoke")["setting=iid,method=local"]
     assert row["mean"] == pytest.approx(np.mean(values))
 
 
-def test_report_ignores_runs_of_an_edited_suite(tmp_path, suite_data):
+def test_report_ignores_runs_of_an_edited_suite(reported, tmp_path, suite_data):
     only = {"setting": ["iid"], "method": ["fedavg"]}
-    tracker = Tracker(*store(tmp_path / "store"))
+    tracker = reported["tracker"]
+    suite_data = renamed(suite_data, "edited")
     old = load_suite(write_suite(tmp_path / "v1.yaml", suite_data))
-    run_sweep(old, old.expand("smoke", only=only), tracker, device="cpu", echo=quiet)
+    run_sweep(old, old.expand("smoke", only=only, seeds=[0]), tracker, device="cpu", echo=quiet)
     suite_data["base"]["method"]["params"]["lr"] = 0.2  # the suite is edited: same paper/name
     new = load_suite(write_suite(tmp_path / "v2.yaml", suite_data))
     new_specs = new.expand("smoke", only=only)
     run_sweep(new, new_specs, tracker, device="cpu", echo=quiet)
     _, _, table = write_report(new, tracker, "smoke", out_dir=tmp_path / "rep")
-    row = table[(table["setting"] == "iid") & (table["method"] == "fedavg")].iloc[0]
+    row = row_of(table, "iid", "fedavg")
     current = {s.config_hash for s in new_specs}
-    values = [r.data.metrics["acc_last3"] * 100 for r in tracker.runs(new.key)
-              if r.data.tags["config_hash"] in current]
-    assert row["n_seeds"] == len(new_specs)
-    assert row["mean"] == pytest.approx(np.mean(values))
+    values = [r.data.metrics["acc_last3"] * 100 for r in tracker.runs(new.key) if r.data.tags["config_hash"] in current]
+    assert len(tracker.runs(new.key)) == len(new_specs) + 1
+    assert row["n_seeds"] == len(new_specs) and row["mean"] == pytest.approx(np.mean(values))
+    assert "method.lr=0.2 (default 0.001)" in row["switches"]
 
 
-def test_report_counts_runs_shared_with_another_profile(tmp_path, suite_data):
+def test_report_counts_runs_shared_with_another_profile(reported, tmp_path, suite_data):
+    suite_data = renamed(suite_data, "shared")
     suite_data["profiles"]["fewer"] = {"seeds": [0]}  # same configs as `paper`, fewer seeds
     suite = load_suite(write_suite(tmp_path / "s.yaml", suite_data))
     only = {"setting": ["iid"], "method": ["local"]}
-    tracker = Tracker(*store(tmp_path / "store"))
+    tracker = reported["tracker"]
     run_sweep(suite, suite.expand("fewer", only=only), tracker, device="cpu", echo=quiet)
     paper = suite.expand("paper", only=only)
     summary = run_sweep(suite, paper, tracker, device="cpu", echo=quiet)
     assert summary.skipped == 1  # seed 0 is reused: identical config
     _, _, table = write_report(suite, tracker, "paper", out_dir=tmp_path / "rep")
-    row = table[(table["setting"] == "iid") & (table["method"] == "local")].iloc[0]
-    assert row["n_seeds"] == len(paper)
+    assert row_of(table, "iid", "local")["n_seeds"] == len(paper)
 
 
 def test_published_cell_key_order_does_not_matter(tmp_path, suite_data, reported):
     suite_data["published"] = [{"cell": {"method": "fedavg", "setting": "dir"}, "mean": 50.0}]
     suite = load_suite(write_suite(tmp_path / "order.yaml", suite_data))
     _, _, table = write_report(suite, reported["tracker"], "smoke", out_dir=tmp_path / "rep")
-    row = table[(table["setting"] == "dir") & (table["method"] == "fedavg")].iloc[0]
-    assert row["published_mean"] == 50.0
+    assert row_of(table, "dir", "fedavg")["published_mean"] == 50.0

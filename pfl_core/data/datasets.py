@@ -200,8 +200,14 @@ def synthetic(data_dir: Path, split: str, download: bool, **params: Any) -> Arra
     return offline.synthetic(**params)
 
 
+synthetic.offline = True  # known before loading: reports flag offline cells up front
+
+
 @DATASETS.register("digits28")
 def digits28(data_dir: Path, split: str, download: bool, **params: Any) -> ArrayDataset:
     """Offline scikit-learn digits at 28x28 (see :func:`offline.digits28`); NOT MNIST."""
     _whole_set_only("digits28", split)
     return offline.digits28(**params)
+
+
+digits28.offline = True

@@ -1,0 +1,95 @@
+"""Render a suite (tables, figures) and a paper (every suite, one PDF) from the MLflow store."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from benchmarks.reporting.figures import suite_figures
+from benchmarks.reporting.pdf import write_pdf
+from benchmarks.reporting.table import SuiteReport, build_suite_report
+from benchmarks.reporting.text import render_latex, render_markdown, tidy_csv
+from benchmarks.suite import Suite, load_suite
+from benchmarks.tracking import Tracker
+
+REPORTS_DIR = Path("reports")
+
+
+@dataclass
+class RenderedSuite:
+    report: SuiteReport
+    md: Path
+    csv: Path
+    tex: Path
+    pngs: list[Path]
+    figures: dict = field(default_factory=dict, repr=False)
+
+
+@dataclass
+class RenderedPaper:
+    paper: str
+    pdf: Path
+    pages: list[str]
+    suites: list[RenderedSuite]
+    seconds: float
+
+
+def render_suite(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir: Path = REPORTS_DIR,
+                 keep_figures: bool = False) -> RenderedSuite:
+    """Write ``<out_dir>/<paper>/<name>.{md,csv,tex}`` and ``<name>_<figure>.png``."""
+    report = build_suite_report(suite, tracker, profile)
+    folder = Path(out_dir) / suite.paper
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / suite.name
+    md, csv, tex = stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".tex")
+    md.write_text(render_markdown(report))
+    tidy_csv(report).to_csv(csv, index=False)
+    tex.write_text(render_latex(report))
+    figures = suite_figures(report)
+    pngs = []
+    for name, fig in figures.items():
+        pngs.append(folder / f"{suite.name}_{name}.png")
+        fig.savefig(pngs[-1], dpi=110)
+        if not keep_figures:
+            plt.close(fig)
+    return RenderedSuite(report, md, csv, tex, pngs, figures if keep_figures else {})
+
+
+def write_report(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir: Path = REPORTS_DIR):
+    """Tables and figures of one suite; returns (Markdown path, CSV path, the cell table)."""
+    done = render_suite(suite, tracker, profile, out_dir)
+    return done.md, done.csv, done.report.table
+
+
+def paper_suites(paper: str, suites_dir: Path = Path("suites")) -> list[Path]:
+    """Every suite file of ``suites/<paper>/`` (sorted)."""
+    return sorted((Path(suites_dir) / paper).glob("*.yaml"))
+
+
+def render_paper(paper: str, suites: list[Suite], tracker: Tracker, profile: str = "paper",
+                 out_dir: Path = REPORTS_DIR) -> RenderedPaper:
+    """Every suite's tables and figures under ``<out_dir>/<paper>/`` and ``<out_dir>/<paper>.pdf``."""
+    started = time.perf_counter()
+    rendered = [render_suite(s, tracker, profile, out_dir, keep_figures=True) for s in suites]
+    pdf = Path(out_dir) / f"{paper}.pdf"
+    pages = write_pdf(pdf, paper, [r.report for r in rendered], [r.figures for r in rendered])
+    for r in rendered:
+        r.figures.clear()
+    return RenderedPaper(paper, pdf, pages, rendered, time.perf_counter() - started)
+
+
+def sibling_suites(suite: Suite, loaded: dict[Path, Suite] | None = None) -> list[Suite]:
+    """The suites of the same paper in the suite's folder (the paper's PDF covers all of them);
+    ``loaded`` caches suites by resolved path, so each file is loaded once."""
+    loaded = {} if loaded is None else loaded
+    loaded.setdefault(suite.path.resolve(), suite)
+    out = []
+    for path in sorted(suite.path.parent.glob("*.yaml")):
+        key = path.resolve()
+        if key not in loaded:
+            loaded[key] = load_suite(path)
+        if loaded[key].paper == suite.paper:
+            out.append(loaded[key])
+    return out

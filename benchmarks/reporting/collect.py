@@ -1,0 +1,67 @@
+"""Read a suite's runs from the MLflow store: one row per run, with the histories the metric needs.
+
+Runs are selected by config hash, not by tag: a run of an older version of the suite (edited since)
+is left out, and a run shared with another profile (same resolved config, skipped by the runner) is
+counted. A run re-executed after a failure appears twice; the newest per config hash is kept.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from benchmarks.reporting.metric import MetricSpec
+from benchmarks.suite import RunSpec, Suite
+from benchmarks.tracking import Tracker
+
+COLUMNS = ["cell", "seed", "status", "value", "failure_reason", "offline_data", "config_hash",
+           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories"]
+
+
+def history(tracker: Tracker, run_id: str, key: str) -> dict[int, float]:
+    """{step: value} of one logged metric history (the last value per step)."""
+    return {m.step: m.value for m in sorted(tracker.client.get_metric_history(run_id, key),
+                                            key=lambda m: m.timestamp)}
+
+
+def run_value(metric: MetricSpec, final: dict[str, float], histories: dict[str, dict[int, float]]) -> float:
+    """One run's number in the metric's unit, by ``metric.aggregate`` (NaN if it was not logged)."""
+    from benchmarks.reporting.stats import best_val_round, per_seed_last3
+
+    if metric.aggregate == "last3_of_seed_mean_curve":
+        curve = histories.get(metric.curve_metric) or {}
+        raw = per_seed_last3([curve[k] for k in sorted(curve)]) if curve else math.nan
+    elif metric.aggregate == "best_val_round":
+        pick = best_val_round(histories.get(metric.select_metric) or {}, histories.get(metric.key) or {})
+        raw = math.nan if pick is None else pick.test
+    else:
+        raw = final.get(metric.key, math.nan)
+    return raw * metric.scale
+
+
+def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpec,
+                 extra_histories: tuple[str, ...] = (), specs: list[RunSpec] | None = None) -> pd.DataFrame:
+    """One row per run of the suite's current ``profile`` expansion (see module docstring)."""
+    specs = suite.expand(profile) if specs is None else specs
+    wanted: dict[str, RunSpec] = {spec.config_hash: spec for spec in specs}
+    keys = list(dict.fromkeys([*metric.history_keys, *extra_histories]))
+    rows = []
+    for run in tracker.runs(suite.key, status=None):
+        tags = run.data.tags
+        spec = wanted.get(tags.get("config_hash"))
+        if spec is None:
+            continue
+        finished = run.info.status == "FINISHED"
+        hists = {k: history(tracker, run.info.run_id, k) for k in keys} if finished else {}
+        rows.append({
+            "cell": spec.cell_id, "seed": spec.seed, "status": run.info.status,
+            "value": run_value(metric, run.data.metrics, hists) if finished else math.nan,
+            "failure_reason": tags.get("failure_reason", ""),
+            "offline_data": tags.get("offline_data") == "true",
+            "config_hash": spec.config_hash, "end_time": run.info.end_time or 0,
+            "wall_s": run.data.metrics.get("wall_s", math.nan),
+            "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
+            "device": tags.get("device", ""), "run_id": run.info.run_id, "histories": hists,
+        })
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)

@@ -1,0 +1,76 @@
+"""Fidelity switches and deviations a cell ran with (DESIGN.md, "Fidelity").
+
+A switch is a method hyperparameter or model parameter whose value differs from its default (the
+defaults are the paper's values: the method's hyperparameter dataclass, the model builder's
+signature). Deviations are what makes a number not the paper's: a non-paper profile, offline data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from pfl_core.algorithms import METHODS
+from pfl_core.data import DATASETS
+from pfl_core.models import MODELS
+
+
+def _fmt(value) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def field_defaults(cls) -> dict:
+    """A hyperparameter dataclass's field defaults, read without instantiating it (a class may
+    refuse its own defaults, e.g. a parameter the paper does not publish)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def method_switches(name: str, params: dict) -> list[str]:
+    """``method.lr=0.05 (default 0.01)`` for each hyperparameter set away from its default."""
+    defaults = field_defaults(METHODS.get(name).hyper_class)
+    return [f"method.{k}={_fmt(v)} (default {_fmt(defaults[k]) if k in defaults else 'none'})"
+            for k, v in sorted(params.items()) if k not in defaults or defaults[k] != v]
+
+
+def model_switches(name: str, params: dict) -> list[str]:
+    """``model.modulation='film' (default 'sigmoid')`` for each model parameter off its default."""
+    try:
+        signature = inspect.signature(MODELS.get(name)).parameters
+    except (TypeError, ValueError):
+        signature = {}
+    out = []
+    for k, v in sorted(params.items()):
+        default = signature[k].default if k in signature else inspect.Parameter.empty
+        if default is inspect.Parameter.empty or default != v:
+            shown = "none" if default is inspect.Parameter.empty else _fmt(default)
+            out.append(f"model.{k}={_fmt(v)} (default {shown})")
+    return out
+
+
+def switches(config: dict) -> list[str]:
+    """Every non-default method hyperparameter and model parameter of one resolved config."""
+    method, model = config.get("method", {}), config.get("model", {})
+    return (method_switches(method["name"], method.get("params") or {})
+            + model_switches(model["name"], model.get("params") or {}))
+
+
+def deviations(profile: str, offline: bool) -> list[str]:
+    """Run-level deviations from the published setup."""
+    out = []
+    if profile != "paper":
+        out.append(f"profile '{profile}', not the paper's setup")
+    if offline:
+        out.append("offline data (generated or bundled), not the paper's dataset")
+    return out
+
+
+def dataset_is_offline(name: str) -> bool:
+    """Whether a registered dataset is an offline stand-in, known before any run: its loader is
+    marked ``offline = True`` (``pfl_core/data/datasets.py``). Runs also record it (tag
+    ``offline_data``)."""
+    return bool(getattr(DATASETS.get(name), "offline", False))

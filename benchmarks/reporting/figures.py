@@ -1,0 +1,181 @@
+"""Figures (matplotlib): ours vs paper bars, a heat map of the differences, and each paper figure
+in its own form (CAFeMe spec, "Tables & figures": bars with std for Fig. 3, curves with std bands
+for Fig. 4, a line over the local data size for Fig. 5)."""
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.reporting.stats import spread  # noqa: E402
+from benchmarks.reporting.table import SuiteReport, column_label  # noqa: E402
+
+OURS, PAPER = "#1f77b4", "#bbbbbb"
+
+
+def _columns(report: SuiteReport):
+    cols = report.column_axes
+    return list(report.table.groupby(cols, sort=False)) if cols else [((), report.table)]
+
+
+def _err(values) -> np.ndarray:
+    return np.array([0.0 if v is None or math.isnan(v) else v for v in values])
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.2):
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows + 0.6), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def grouped_bars(report: SuiteReport):
+    """Per column a panel; per method ours (mean ± pm) beside the paper's (mean ± its ±)."""
+    method = report.method_axis
+    groups = _columns(report)
+    fig, axes = _panels(len(groups))
+    for ax, (_, g) in zip(axes, groups):
+        x = np.arange(len(g))
+        has_paper = g["published_mean"].notna().any()
+        shift = 0.2 if has_paper else 0.0
+        ax.bar(x - shift, g["mean"].fillna(0), 0.4, yerr=_err(g["pm"]), color=OURS, label="ours", capsize=3)
+        if has_paper:
+            ax.bar(x + shift, g["published_mean"].fillna(0), 0.4, yerr=_err(g["published_pm"]), color=PAPER,
+                   label="paper", capsize=3, hatch="//", edgecolor="#666666")
+        else:
+            ax.text(0.5, 0.97, "the paper prints no numbers here", transform=ax.transAxes, ha="center",
+                    va="top", fontsize=7, color="#666666")
+        labels = g[method] if method else g.apply(lambda r: column_label(r, report.axes), axis=1)
+        ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
+        ax.set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
+        ax.set_ylabel(report.metric.label, fontsize=7)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{report.suite.key}: ours vs paper (error bars: ±{report.metric.pm})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def diff_heatmap(report: SuiteReport):
+    """Methods x columns, colour = ours − paper; None when no cell has both numbers."""
+    method = report.method_axis
+    groups = _columns(report)
+    methods = list(dict.fromkeys(report.table[method])) if method else ["value"]
+    grid = np.full((len(methods), len(groups)), np.nan)
+    for j, (_, g) in enumerate(groups):
+        for _, row in g.iterrows():
+            grid[methods.index(row[method]) if method else 0, j] = row["diff"]
+    if np.isnan(grid).all():
+        return None
+    lim = max(np.nanmax(np.abs(grid)), 1e-9)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups), 1.2 + 0.45 * len(methods)))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        dark = not math.isnan(v) and abs(v) > 0.6 * lim
+        ax.text(j, i, "—" if math.isnan(v) else f"{v:+.1f}", ha="center", va="center", fontsize=10,
+                color="white" if dark else "black")
+    ax.set_xticks(range(len(groups)), [column_label(g.iloc[0], report.column_axes) for _, g in groups],
+                  rotation=30, ha="right", fontsize=9)
+    ax.set_yticks(range(len(methods)), methods, fontsize=9)
+    fig.colorbar(image, ax=ax, label="ours − paper")
+    ax.set_title(f"{report.suite.key}: difference to the paper", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def paper_bars(report: SuiteReport):
+    """CAFeMe Fig. 3 form: x = columns, one bar per method (mean ± pm), the paper's values
+    overlaid as black markers with their ±."""
+    method = report.method_axis
+    groups = _columns(report)
+    methods = list(dict.fromkeys(report.table[method]))
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups) * len(methods) * 0.4), 3.8))
+    for k, m in enumerate(methods):
+        rows = [g[g[method] == m].iloc[0] for _, g in groups]
+        x = np.arange(len(groups)) + (k - (len(methods) - 1) / 2) * width
+        ax.bar(x, [r["mean"] for r in rows], width, yerr=_err([r["pm"] for r in rows]), label=m, capsize=2)
+        ax.errorbar(x, [r["published_mean"] for r in rows], yerr=_err([r["published_pm"] for r in rows]),
+                    fmt="k_", markersize=8, capsize=2, linestyle="none",
+                    label="paper" if k == 0 else None)
+    ax.set_xticks(range(len(groups)), [column_label(g.iloc[0], report.column_axes) for _, g in groups], fontsize=8)
+    ax.set_ylabel(report.metric.label, fontsize=8)
+    ax.legend(fontsize=7, ncol=min(4, len(methods) + 1))
+    ax.set_title(f"{report.suite.key}: reproduced figure (bars: ours ± {report.metric.pm}; black: paper)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def _curve_stats(report: SuiteReport, cell: str):
+    key = report.metric.curve_metric
+    done = report.runs[(report.runs["cell"] == cell) & (report.runs["status"] == "FINISHED")]
+    curves = [[h[k] * report.metric.scale for k in sorted(h)] for h in (r.get(key) or {} for r in done["histories"])]
+    curves = [c for c in curves if c]
+    if not curves:
+        return None
+    n = min(map(len, curves))
+    grid = np.array([c[:n] for c in curves])
+    band = np.array([spread(grid[:, k], report.metric.pm, report.metric.ddof) for k in range(n)])
+    return grid.mean(axis=0), np.nan_to_num(band)
+
+
+def paper_curves(report: SuiteReport):
+    """CAFeMe Fig. 4 form: per column, the seed-mean fine-tuning curve per method with ± bands."""
+    from benchmarks.suite import cell_id
+
+    method = report.method_axis
+    groups = _columns(report)
+    fig, axes = _panels(len(groups), 4.6, 3.3)
+    for ax, (_, g) in zip(axes, groups):
+        for _, row in g.iterrows():
+            stats = _curve_stats(report, cell_id({a: row[a] for a in report.axes}))
+            if stats is None:
+                continue
+            mean, band = stats
+            steps = np.arange(len(mean))
+            line, = ax.plot(steps, mean, label=row[method] if method else None, marker="." if len(mean) == 1 else None)
+            ax.fill_between(steps, mean - band, mean + band, color=line.get_color(), alpha=0.2)
+        ax.set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
+        ax.set_xlabel("personalization steps", fontsize=8)
+        ax.set_ylabel(report.metric.label, fontsize=7)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{report.suite.key}: accuracy vs personalization steps (band: ±{report.metric.pm})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def paper_line(report: SuiteReport):
+    """CAFeMe Fig. 5 form: the metric against ``metric.x_axis`` (numeric labels), one line per
+    method with ± error bars; the paper's values dashed where it gives them."""
+    x_axis, method = report.metric.x_axis, report.method_axis
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for m, g in report.table.groupby(method, sort=False) if method else [("ours", report.table)]:
+        g = g.assign(_x=g[x_axis].astype(float)).sort_values("_x")
+        line = ax.errorbar(g["_x"], g["mean"], yerr=_err(g["pm"]), marker="o", capsize=3, label=m)
+        if g["published_mean"].notna().any():
+            ax.errorbar(g["_x"], g["published_mean"], yerr=_err(g["published_pm"]), linestyle="--",
+                        marker="x", color=line[0].get_color(), alpha=0.6, label=f"{m} (paper)")
+    ax.set_xlabel(x_axis)
+    ax.set_ylabel(report.metric.label, fontsize=8)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{report.suite.key}: {report.metric.key} vs {x_axis}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def suite_figures(report: SuiteReport) -> dict[str, object]:
+    """name -> Figure for every figure of the suite (missing ones are left out)."""
+    figures = {"bars": grouped_bars(report), "diff": diff_heatmap(report)}
+    kind = report.metric.figure
+    if kind == "bars" and report.method_axis:
+        figures["figure"] = paper_bars(report)
+    elif kind == "curves":
+        figures["figure"] = paper_curves(report)
+    elif kind == "line":
+        figures["figure"] = paper_line(report)
+    return {k: v for k, v in figures.items() if v is not None}

@@ -1,0 +1,86 @@
+"""The suite's ``metric`` section as the report reads it, with defaults and validation.
+
+Keys (all but ``key`` optional)::
+
+    metric:
+      key: acc_last3            # the run metric (final value, or a round/... history for best_val_round)
+      label: "test accuracy (%)"
+      scale: 100                # multiply stored values (fractions) into the paper's unit
+      averaging: "..."          # free text: how the paper averaged over clients and seeds
+      pm: std                   # the paper's +-: std | sem | none ...
+      ddof: 0                   # ... with this ddof (applied to our seeds too)
+      aggregate: final          # final | last3_of_seed_mean_curve | best_val_round
+      curve_metric: curve/acc   # last3_of_seed_mean_curve: the per-step fine-tuning curve
+      select_metric: round/val_acc_weighted  # best_val_round: the validation history selected on
+      tolerance: 1.0            # absolute (metric units) where the paper gives no spread
+      figure: table             # table | bars | curves | line: the paper's figure form
+      x_axis: samples           # line: the grid axis on the x axis (numeric labels)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from benchmarks.suite import Suite, SuiteError
+
+AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round")
+FIGURES = ("table", "bars", "curves", "line")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    key: str
+    label: str
+    scale: float
+    averaging: str
+    pm: str
+    ddof: int
+    aggregate: str = "final"
+    curve_metric: str = "curve/acc"
+    select_metric: str = "round/val_acc"
+    tolerance: float | None = None
+    figure: str = "table"
+    x_axis: str | None = None
+
+    @property
+    def history_keys(self) -> list[str]:
+        """The metric histories a run must be read with (none for ``final``)."""
+        if self.aggregate == "last3_of_seed_mean_curve":
+            return [self.curve_metric]
+        if self.aggregate == "best_val_round":
+            return [self.key, self.select_metric]
+        return []
+
+    def describe(self) -> str:
+        """One sentence on how a cell's number is computed (for the table legend)."""
+        how = {
+            "final": f"the run's final `{self.key}`, mean over seeds",
+            "last3_of_seed_mean_curve": (
+                f"mean of the last three points of the seed-averaged `{self.curve_metric}` curve; "
+                f"± = mean of the last three per-step {self.pm}'s over seeds (CAFeMe spec, "
+                "\"Evaluation protocol\")"),
+            "best_val_round": (
+                f"`{self.key}` at the round with the best `{self.select_metric}` per seed, mean over "
+                "seeds (MetaVers spec, \"Evaluation protocol\")"),
+        }[self.aggregate]
+        return f"{how}; ours shown as mean ± {self.pm} (ddof={self.ddof}), the paper's convention"
+
+
+def metric_spec(suite: Suite) -> MetricSpec:
+    """Read and check ``suite.metric``; a bad value raises SuiteError naming file and key."""
+    raw = suite.metric
+    where = f"{suite.path}: metric"
+    if raw.get("aggregate", "final") not in AGGREGATES:
+        raise SuiteError(f"{where}.aggregate: {raw['aggregate']!r}; allowed: {list(AGGREGATES)}")
+    if raw.get("figure", "table") not in FIGURES:
+        raise SuiteError(f"{where}.figure: {raw['figure']!r}; allowed: {list(FIGURES)}")
+    axes = [a.name for a in suite.axes]
+    if raw.get("figure") == "line" and raw.get("x_axis") not in axes:
+        raise SuiteError(f"{where}.x_axis: figure 'line' needs x_axis, one of the grid axes {axes}")
+    tol = raw.get("tolerance")
+    if tol is not None and (not isinstance(tol, (int, float)) or tol < 0 or math.isnan(tol)):
+        raise SuiteError(f"{where}.tolerance: expected a non-negative number, got {tol!r}")
+    fields = {k: raw[k] for k in MetricSpec.__dataclass_fields__ if k in raw}
+    fields.update(scale=float(raw["scale"]), ddof=int(raw["ddof"]),
+                  tolerance=None if tol is None else float(tol))
+    return MetricSpec(**fields)

@@ -1,0 +1,184 @@
+"""One PDF per paper (matplotlib's PdfPages, no TeX): a title page, then per suite its table with
+verdicts, conclusions, figures, fidelity switches and exact setup. When any suite's numbers are not
+comparable with the paper (non-paper profile, offline data), every page carries a red notice."""
+from __future__ import annotations
+
+import datetime as dt
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
+
+from benchmarks.reporting import fidelity  # noqa: E402
+from benchmarks.reporting.table import SuiteReport  # noqa: E402
+from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
+
+PAGE = (11.69, 8.27)  # A4 landscape, inches
+ROWS_PER_PAGE = 24
+LINES_PER_PAGE = 44
+WRAP = 150
+
+
+def _plain(line: str) -> str:
+    return line.replace("**", "").replace("`", "")
+
+
+class ReportPdf:
+    """PdfPages with a running footer and, when set, the not-comparable notice on every page."""
+
+    def __init__(self, path: Path, paper: str, warning: str):
+        plt.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})  # extractable text
+        self.pdf = PdfPages(path, metadata={"Title": f"pflbench report: {paper}"})
+        self.paper, self.warning, self.pages = paper, warning, []
+
+    def new_page(self, title: str):
+        fig = plt.figure(figsize=PAGE)
+        fig.text(0.04, 0.93, title, fontsize=14, weight="bold")
+        return fig
+
+    def save(self, fig, title: str) -> None:
+        number = len(self.pages) + 1
+        if self.warning:
+            fig.text(0.5, 0.975, self.warning, ha="center", va="top", fontsize=8.5, color="white",
+                     weight="bold", wrap=True, bbox={"facecolor": "#b00020", "edgecolor": "none", "pad": 3})
+            fig.text(0.04, 0.045, "NOT COMPARABLE WITH THE PAPER (see the notice above)",
+                     fontsize=7, color="#b00020", weight="bold")
+        fig.text(0.04, 0.02, f"pflbench report: {self.paper} | {title}", fontsize=7, color="#555555")
+        fig.text(0.96, 0.02, f"page {number}", fontsize=7, color="#555555", ha="right")
+        self.pdf.savefig(fig)
+        plt.close(fig)
+        self.pages.append(title)
+
+    def text_pages(self, title: str, lines: list[str], mono: bool = False) -> None:
+        wrapped = [w for line in lines for w in (textwrap.wrap(_plain(line), WRAP, subsequent_indent="    ") or [""])]
+        chunks = [wrapped[i:i + LINES_PER_PAGE] for i in range(0, len(wrapped), LINES_PER_PAGE)] or [[]]
+        for k, chunk in enumerate(chunks):
+            name = title if k == 0 else f"{title} (cont.)"
+            fig = self.new_page(name)
+            fig.text(0.04, 0.89, "\n".join(chunk), fontsize=7.5, va="top", linespacing=1.35,
+                     family="monospace" if mono else "sans-serif")
+            self.save(fig, name)
+
+    def figure_page(self, title: str, figure) -> None:
+        figure.set_size_inches(*PAGE)
+        figure.subplots_adjust(top=0.84, bottom=0.16)
+        figure.text(0.04, 0.93, title, fontsize=14, weight="bold")
+        self.save(figure, title)
+
+    def table_pages(self, title: str, intro: list[str], header: list[str], rows: list[list[str]]) -> None:
+        chunks = [rows[i:i + ROWS_PER_PAGE] for i in range(0, len(rows), ROWS_PER_PAGE)] or [[]]
+        for k, chunk in enumerate(chunks):
+            name = title if k == 0 else f"{title} (cont.)"
+            fig = self.new_page(name)
+            text = "\n".join(w for line in intro for w in textwrap.wrap(_plain(line), 170))
+            fig.text(0.04, 0.895, text, fontsize=8, va="top")
+            ax = fig.add_axes([0.04, 0.08, 0.92, 0.70])
+            ax.axis("off")
+            if chunk:
+                table = ax.table(cellText=chunk, colLabels=header, loc="upper center", cellLoc="left")
+                table.auto_set_font_size(False)
+                table.set_fontsize(9)
+                table.auto_set_column_width(list(range(len(header))))
+                for (r, _), cell in table.get_celld().items():
+                    cell.set_height(0.04)
+                    if r == 0:
+                        cell.set_facecolor("#e8e8e8")
+            self.save(fig, name)
+
+    def close(self) -> None:
+        self.pdf.close()
+
+
+def title_lines(paper: str, reports: list[SuiteReport]) -> list[str]:
+    """Paper, code commit, date, device, profile, number of runs, total compute time."""
+    runs = [r.runs for r in reports if not r.runs.empty]
+    allruns = pd.concat(runs) if runs else None
+
+    def uniq(col: str) -> str:
+        if allruns is None:
+            return "no runs"
+        return ", ".join(sorted(set(map(str, allruns[col])) - {""})) or "unknown"
+    finished = int((allruns["status"] == "FINISHED").sum()) if allruns is not None else 0
+    failed = int((allruns["status"] == "FAILED").sum()) if allruns is not None else 0
+    expected = sum(r.expected_seeds * len(r.table) for r in reports)
+    wall = float(allruns["wall_s"].sum()) if allruns is not None else 0.0
+    dirty = allruns is not None and bool(allruns["git_dirty"].any())
+    profiles = ", ".join(sorted({r.profile for r in reports}))
+    return [
+        f"Paper: {paper}",
+        f"Suites: {', '.join(r.suite.key for r in reports)}",
+        f"Code commit: {uniq('git_commit')}" + (" (working tree had uncommitted changes)" if dirty else ""),
+        f"Date rendered: {dt.datetime.now().strftime('%Y-%m-%d %H:%M')}",
+        f"Device: {uniq('device')}",
+        f"Profile: {profiles}",
+        f"Runs: {finished} finished, {failed} failed, of {expected} expected",
+        f"Total compute time: {wall:.1f} s ({wall / 3600:.2f} h, sum of the runs' wall_s)",
+    ]
+
+
+def setup_lines(report: SuiteReport) -> list[str]:
+    """The suite's exact setup: base, grid, method overrides, seeds and the profile's overrides."""
+    raw = report.suite.raw
+    keep = {k: raw[k] for k in ("base", "grid", "methods", "seeds") if k in raw}
+    if report.profile != "paper":
+        keep["profiles"] = {report.profile: (raw.get("profiles") or {}).get(report.profile)}
+    text = yaml.safe_dump(keep, sort_keys=False, default_flow_style=None, width=140)
+    return [f"Suite file: {report.suite.path}", ""] + text.splitlines()
+
+
+def fidelity_lines(report: SuiteReport) -> list[str]:
+    lines = ["Deviations from the published setup:"]
+    lines += [f"  - {d}" for d in fidelity.deviations(report.profile, report.offline)] or ["  - none"]
+    notes = report.suite.raw.get("notes")
+    if notes:
+        lines += ["", "Suite notes:"] + [f"  {line}" for line in str(notes).strip().splitlines()]
+    lines += ["", "Fidelity switches per cell (non-default method hyperparameters and model parameters):"]
+    for _, r in report.table.iterrows():
+        lines.append(f"  - {'/'.join(str(r[a]) for a in report.axes)}: {r['switches'] or 'defaults (paper values)'}")
+    failures = report.table[report.table["failure_reason"] != ""]
+    if not failures.empty:
+        lines += ["", "Failed runs:"] + [f"  - {'/'.join(str(r[a]) for a in report.axes)}: {r['failure_reason']}"
+                                         for _, r in failures.iterrows()]
+    return lines
+
+
+def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict) -> None:
+    suite = report.suite
+    title = f"{index}. {suite.raw.get('table', suite.name)} ({suite.key})"
+    intro = [suite.raw.get("caption", "").strip(),
+             f"Metric: {report.metric.key} ({report.metric.label}), x{report.metric.scale:g}, "
+             f"profile {report.profile}. Cell value: {report.metric.describe()}. {report.metric.averaging}"]
+    header, rows = table_rows(report)
+    doc.table_pages(title, [i for i in intro if i], header, rows)
+    doc.text_pages(f"{title}: verdicts and conclusions",
+                   ["Legend (verdicts and the rule applied per cell, column 'bound (rule)'):"] + legend_lines(report)
+                   + ["", "Does the paper's conclusion hold? (best method per column; Kendall tau of the "
+                      "method orderings, ours vs paper)"] + conclusion_lines(report))
+    names = {"bars": "ours vs paper", "diff": "difference to the paper", "figure": "reproduced figure"}
+    for key, figure in figures.items():
+        doc.figure_page(f"{title}: {names.get(key, key)}", figure)
+    doc.text_pages(f"{title}: fidelity switches and deviations", fidelity_lines(report))
+    doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
+
+
+def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[dict]) -> list[str]:
+    """Render the paper's PDF; return the page titles."""
+    warnings = sorted({notice(r).replace("`", "") for r in reports if notice(r)})
+    warning = " ".join(warnings) if warnings else ""
+    doc = ReportPdf(path, paper, warning)
+    fig = doc.new_page(f"Reproduction report: {paper}")
+    lines = title_lines(paper, reports)
+    fig.text(0.04, 0.86, "\n".join(lines), fontsize=11, va="top", linespacing=1.8)
+    if warning:
+        fig.text(0.04, 0.35, "\n".join(textwrap.wrap(warning, 110)), fontsize=12, color="#b00020", weight="bold", va="top")
+    doc.save(fig, "title")
+    for i, (report, figs) in enumerate(zip(reports, figures), start=1):
+        suite_section(doc, i, report, figs)
+    doc.close()
+    return doc.pages
