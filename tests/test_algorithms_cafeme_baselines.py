@@ -148,7 +148,7 @@ def test_ditto_global_step_is_torch_adam_with_per_client_state(persist):
             adam.step()
         assert torch.allclose(update.params["1.weight"], W.detach(), atol=1e-6)
         assert torch.allclose(update.params["1.bias"], b.detach(), atol=1e-6)
-    assert ("global_adam" in ctx.state) == persist
+    assert ("global_opt" in ctx.state) == persist
     assert alg.predictor(server, ctx) is server["params"]
     personal = _algorithm("ditto", model, evaluate_personal=True).predictor(server, ctx)
     assert personal is ctx.state["personal"]
@@ -337,3 +337,28 @@ def test_new_methods_run_end_to_end(method, protocol):
     assert torch.isfinite(torch.tensor(result.metrics["train_loss"]))
     expected_points = 1 if method == "ifca" else 3  # IFCA evaluates its cluster without fine-tuning
     assert len(result.curve_mean) == expected_points
+
+
+def test_ditto_global_sgd_switch_is_plain_sgd():
+    from pfl_core.algorithms import METHODS
+    from pfl_core.models import build_model
+    from pfl_core.training import model_params, sgd_step
+    from tests.helpers import tiny_federation
+    from pfl_core.config import FederationConfig
+    from pfl_core.evaluation import PROTOCOLS, EvalConfig
+    from pfl_core.federation import run_federation
+    from pfl_core.seeding import RunStreams
+
+    fed = tiny_federation(sizes=(6,))
+    model = build_model("mlr", (3,), 3)
+    cls = METHODS.get("ditto")
+    alg = cls(model, cls.hyper_class(global_optimizer="sgd", global_lr=0.3, global_steps=2, personal_steps=1))
+    init = model_params(model)
+    result = run_federation(alg, fed, init, FederationConfig(rounds=1, clients_per_round=0, batch_size=100),
+                            PROTOCOLS.get("seen")(EvalConfig()), RunStreams(0))
+    x, y = fed.dataset.batch(fed.clients[0].splits["train"])  # one full batch per step
+    expected = init
+    for _ in range(2):
+        expected, _ = sgd_step(model, expected, x, y, 0.3)
+    for name in init:
+        assert torch.allclose(result.server["params"][name], expected[name], atol=1e-6)

@@ -19,6 +19,7 @@ fine-tunes the **global** model (personal models are unused; test clients never 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -33,7 +34,10 @@ class DittoHyper(HyperParams):
     lr: float = 0.001
     """Personal proximal-SGD learning rate (CAFeMe code: ``lr_outer`` = 0.001)."""
     global_lr: float = 0.001
-    """Adam learning rate of the global step (CAFeMe code: ``lr_outer`` = 0.001)."""
+    """Learning rate of the global step (CAFeMe code: Adam, ``lr_outer`` = 0.001)."""
+    global_optimizer: Literal["adam", "sgd"] = "adam"
+    """Optimiser of the global step: ``adam`` (CAFeMe code) or ``sgd`` (plain FedAvg-style local SGD,
+    the Ditto paper's global objective; CGPFL's Table 1 baseline)."""
     mu: float = 0.1
     """Proximal weight mu (CAFeMe code ``mu`` = 0.1, every dataset)."""
     personal_steps: int = 5
@@ -65,7 +69,7 @@ class DittoHyper(HyperParams):
 @METHODS.register("ditto")
 class Ditto(Algorithm):
     """Ditto; client state: ``personal`` (p), ``local`` (the last local global copy, the code's
-    anchor) and ``global_adam`` (the persistent optimiser).
+    anchor) and ``global_opt`` (the persistent optimiser).
 
     Server state: ``{"params": global model, "init": initial model}``; ``init`` is the personal
     model's start and the ``local_copy`` anchor of a client's first participation (in the code
@@ -89,9 +93,10 @@ class Ditto(Algorithm):
         return personal
 
     def global_step(self, server: ServerState, client: ClientContext) -> tuple[Params, torch.Tensor]:
-        """S Adam steps on a copy of the global model (spec: Ditto "Global step")."""
-        opt = client_optimizer(client.state, "global_adam", server["params"],
-                               persist=self.hp.persist_optimizer, lr=self.hp.global_lr)
+        """S optimiser steps (Adam by default) on a copy of the global model (spec: Ditto "Global step")."""
+        opt = client_optimizer(client.state, "global_opt", server["params"],
+                               persist=self.hp.persist_optimizer, name=self.hp.global_optimizer,
+                               lr=self.hp.global_lr)
         losses = []
         for _ in range(self.hp.global_steps):
             x, y = client.next_batch()
