@@ -22,8 +22,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
 * ``tuned``: which methods run with the values ``pflbench tune`` found instead of the paper's:
-  ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yaml, profile: <profile>}`` (or just the
-  list of methods). ``file`` (default ``<suite stem>.tuned.yaml`` beside the suite) holds the best
+  ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yml, profile: <profile>}`` (or just the
+  list of methods). ``file`` (default ``<suite stem>.tuned.yml`` beside the suite; ``.yml`` so that
+  no ``*.yaml`` glob takes it for a suite) holds the best
   parameters per cell, method and tuning profile with their provenance (see
   :mod:`benchmarks.tuning`); ``profile`` (default: the run's own profile) names the profile whose
   tuned values every profile uses. A cell whose method is listed and has an entry gets the tuned
@@ -254,8 +255,8 @@ class Suite:
     # -- tuned values (``tuned`` key; written by benchmarks.tuning) ---------------------------------
     @property
     def tuned_path(self) -> Path:
-        """The tuned-parameters file of this suite (``tuned.file``, default ``<stem>.tuned.yaml``)."""
-        return self.path.parent / (_tuned_spec(self.raw).get("file") or f"{self.path.stem}.tuned.yaml")
+        """The tuned-parameters file of this suite (``tuned.file``, default ``<stem>.tuned.yml``)."""
+        return self.path.parent / (_tuned_spec(self.raw).get("file") or f"{self.path.stem}.tuned.yml")
 
     def uses_tuned(self, method: str) -> bool:
         """Whether the suite takes ``method``'s values from the tuned file (when it has an entry)."""
@@ -338,8 +339,9 @@ def _check_tuned(raw: dict, path: Path) -> None:
     profile = spec.get("profile")
     if profile is not None and profile != "paper" and profile not in (raw.get("profiles") or {}):
         raise SuiteError(f"{path}: tuned.profile: unknown profile {profile!r}")
-    if spec.get("file") is not None and not isinstance(spec["file"], str):
-        raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite")
+    if spec.get("file") is not None and (not isinstance(spec["file"], str) or spec["file"].endswith(".yaml")):
+        raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite, not ending in "
+                         f".yaml (every *.yaml beside a suite is read as a suite), e.g. {path.stem}.tuned.yml")
 
 
 SEED_TOKEN = "${seed}"
@@ -363,6 +365,11 @@ def validate_config(config: dict, where: str) -> dict:
         MODELS.get(cfg.model.name)
         method = METHODS.get(cfg.method.name)
         method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ")
+        for i, step in enumerate(cfg.model.warm_start):
+            if not isinstance(step, dict) or "name" not in step or set(step) - {"name", "params"}:
+                raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
+            METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
+                                                            where=f"model.warm_start[{i}]: ")
         PROTOCOLS.get(cfg.evaluation.protocol)
         EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ")
         partition = dict(cfg.data.partition)

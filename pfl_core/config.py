@@ -42,6 +42,11 @@ class DataConfig:
 class ModelConfig:
     name: str = "mlr"
     params: dict = field(default_factory=dict)
+    warm_start: list = field(default_factory=list)
+    """Methods trained before this run's method, each from the previous one's final global model
+    (``[{name: fedavg, params: {...}}, ...]``); the run's method starts where the last ends. Off
+    (empty) by default: it emulates the CAFeMe code's single model object shared by its baselines
+    (spec diff 15), a known defect reproduced only on request."""
 
 
 @dataclass

@@ -51,6 +51,24 @@ def partition_digest(fed) -> str:
                   + [fed.train_clients, fed.unseen_clients])
 
 
+def warm_start(model, chain: list[dict], fed, cfg: RunConfig, protocol, streams: RunStreams):
+    """The initial global parameters: the model's own, or, with ``model.warm_start``, the final
+    global parameters of each listed method trained in turn from the previous one's (the CAFeMe
+    code's shared baseline object, spec diff 15; IFCA's collapse of its k models into that one
+    object is not emulated). Predecessors see the same data, batches and client samples."""
+    params = model_params(model)
+    for i, step in enumerate(chain):
+        if not isinstance(step, dict) or set(step) - {"name", "params"} or "name" not in step:
+            raise ValueError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}, got {step!r}")
+        cls = METHODS.get(step["name"])
+        predecessor = cls(model, cls.hyper_class.from_dict(step.get("params", {}),
+                                                            where=f"model.warm_start[{i}]: "))
+        predecessor.seed = streams.seed_int("algorithm", i + 1)
+        params = run_federation(predecessor, fed, params, cfg.federation, protocol, streams,
+                                evaluate_clients=False).server["params"]
+    return params
+
+
 @dataclass
 class RunResult:
     metrics: dict[str, float]
@@ -102,9 +120,8 @@ def run_experiment(
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
 
-    fed_result = run_federation(
-        algorithm, fed, model_params(model), cfg.federation, protocol, streams, on_round
-    )
+    init = warm_start(model, cfg.model.warm_start, fed, cfg, protocol, streams)
+    fed_result = run_federation(algorithm, fed, init, cfg.federation, protocol, streams, on_round)
     final = fed_result.final
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")

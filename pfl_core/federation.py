@@ -102,10 +102,12 @@ def run_federation(
     protocol: Protocol,
     streams: RunStreams,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    evaluate_clients: bool = True,
 ) -> FederationResult:
     """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol``.
 
     ``on_round(round_idx, metrics)`` is called after every round (for progress and logging).
+    ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
     """
     eval_bs = protocol.cfg.batch_size or cfg.batch_size
     train_ctx = make_contexts(fed, fed.train_clients, cfg, streams, "batches", eval_bs)
@@ -130,7 +132,7 @@ def run_federation(
         _check_finite(server, round_idx)
         metrics = {"round": round_idx + 1, "train_loss": loss}
         last = round_idx == cfg.rounds - 1
-        if last or (cfg.eval_every and (round_idx + 1) % cfg.eval_every == 0):
+        if evaluate_clients and (last or (cfg.eval_every and (round_idx + 1) % cfg.eval_every == 0)):
             evaluation = evaluate()
             metrics.update(evaluation.summary)
             if last:
@@ -138,7 +140,7 @@ def run_federation(
         result.history.append(metrics)
         if on_round is not None:
             on_round(round_idx, metrics)
-    if cfg.rounds == 0:
+    if cfg.rounds == 0 and evaluate_clients:
         result.final = evaluate()
     result.server = server
     return result

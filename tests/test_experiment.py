@@ -1,4 +1,5 @@
 import numpy as np
+import torch
 import pytest
 
 from pfl_core.config import ConfigError, RunConfig
@@ -131,3 +132,30 @@ def test_pixel_standardisation_and_half_normalisation():
     assert torch.allclose(half, (plain - 0.5) / 0.5)
     with pytest.raises(ValueError, match="normalize"):
         standardize(raw, "zscore")
+
+
+def test_warm_start_chain_starts_from_the_predecessors_final_model(monkeypatch):
+    import pfl_core.experiment as experiment
+
+    cfg = _config("fedavg").to_dict()
+    cfg["model"]["warm_start"] = [{"name": "local", "params": {"lr": 0.05, "local_steps": 1}},
+                                  {"name": "fedavg", "params": {"lr": 0.05, "local_steps": 2}}]
+    starts = []
+    original = experiment.run_federation
+
+    def spy(algorithm, fed, init, *args, **kwargs):
+        result = original(algorithm, fed, init, *args, **kwargs)
+        starts.append((type(algorithm).__name__, {k: v.clone() for k, v in init.items()},
+                       result.server["params"], kwargs.get("evaluate_clients", True)))
+        return result
+
+    monkeypatch.setattr(experiment, "run_federation", spy)
+    run_experiment(RunConfig.from_dict(cfg), device="cpu")
+    (name0, init0, end0, eval0), (name1, init1, end1, eval1), (name2, init2, _, eval2) = starts
+    assert (name0, name1, name2) == ("Local", "FedAvg", "FedAvg") and (eval0, eval1, eval2) == (False, False, True)
+    assert all(torch.equal(end0[k], init0[k]) for k in init0)  # Local never moves the server
+    assert all(torch.equal(init1[k], end0[k]) and torch.equal(init2[k], end1[k]) for k in init0)
+    assert not all(torch.equal(init2[k], init0[k]) for k in init0)
+    cfg["model"]["warm_start"] = [{"method": "fedavg"}]
+    with pytest.raises(ValueError, match="warm_start"):
+        run_experiment(RunConfig.from_dict(cfg), device="cpu")
