@@ -79,5 +79,5 @@ tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation da
 		--storage sqlite:///$(OPTUNA_DB) $(if $(METHOD),$(foreach m,$(METHOD),--method $(m)))
 
 optuna-dashboard: $(STAMP) ## Serve the Optuna dashboard on the local study store (http://127.0.0.1:$(PORT))
-	@[ -x $(BIN)/optuna-dashboard ] || { echo "optuna-dashboard is not installed: $(BIN)/pip install optuna-dashboard"; exit 2; }
+	@[ -x $(BIN)/optuna-dashboard ] || $(BIN)/pip install --quiet -e '.[dashboard]'
 	$(BIN)/optuna-dashboard sqlite:///$(OPTUNA_DB) --host 127.0.0.1 --port $(PORT)

@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     tune = sub.add_parser("tune", help="Optuna studies of a suite's methods on validation data; the best "
-                                       "parameters go to <suite>.tuned.yaml")
+                                       "parameters go to <suite>.tuned.yml")
     tune.add_argument("suite", help="path of a suite file, e.g. suites/demo/offline.yaml")
     store_args(tune)
     tune.add_argument("--method", action="append", metavar="M",

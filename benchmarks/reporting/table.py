@@ -76,9 +76,11 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
               specs: list[RunSpec]) -> pd.DataFrame:
     """One row per cell of the grid (see the module docstring); ``specs``: the profile's runs."""
     published = {cell_id(p["cell"]): p for p in suite.published}
-    configs = {}
+    configs, tuned = {}, {}
     for spec in specs:
         configs.setdefault(spec.cell_id, spec.config)
+        if spec.tuned:
+            tuned.setdefault(spec.cell_id, spec.tuned)
     rows = []
     for cell in suite.cells():
         key = cell_id(cell)
@@ -101,6 +103,9 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             "bound": v.bound, "rule": v.rule, "verdict": v.verdict, "verdict_detail": v.detail,
             "failure_reason": reasons,
             "switches": "; ".join(fidelity.switches(configs[key])) if key in configs else "",
+            "tuned": key in tuned,
+            "tuned_source": (f"study {tuned[key].get('study', '?')}, trial {tuned[key].get('trial', '?')}"
+                             if key in tuned else ""),
         })
     return pd.DataFrame(rows)
 

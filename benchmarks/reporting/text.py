@@ -49,7 +49,10 @@ def table_rows(report: SuiteReport) -> tuple[list[str], list[list[str]]]:
     rows = []
     for _, r in report.table.iterrows():
         diff = "—" if isnan(r["diff"]) else f"{r['diff']:+.2f}"
-        rows.append([str(r[a]) for a in report.axes]
+        labels = [str(r[a]) for a in report.axes]
+        if r.get("tuned"):
+            labels[-1] += " †"
+        rows.append(labels
                     + [seeds_text(r), fmt(r["mean"], r["pm"]), fmt(r["published_mean"], r["published_pm"]),
                        diff, bound_text(r), verdict_text(r)])
     return header, rows
@@ -60,6 +63,11 @@ def legend_lines(report: SuiteReport) -> list[str]:
     rules = sorted(set(report.table["rule"]) - {""})
     lines = [f"- **{v}**: {LEGEND[v]}" for v in VERDICTS if v in used]
     lines += [f"- rule **{r}**: {RULES[r]}" for r in rules]
+    tuned = report.table[report.table["tuned"]] if "tuned" in report.table else report.table.iloc[:0]
+    if not tuned.empty:
+        lines.append("- **†**: the cell ran with values found by `pflbench tune` (on validation data), "
+                     "not the paper's: " + "; ".join(f"{'/'.join(str(r[a]) for a in report.axes)} "
+                                                     f"({r['tuned_source']})" for _, r in tuned.iterrows()))
     return lines
 
 

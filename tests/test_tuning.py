@@ -1,0 +1,322 @@
+"""Optuna tuning (benchmarks.tuning): real studies in a tmp SQLite file, a real MLflow store in
+tmp_path, the tiny digits28 suite of conftest."""
+from __future__ import annotations
+
+import copy
+
+import optuna
+import pytest
+import yaml
+
+import benchmarks.runner as runner
+import benchmarks.tuning as tuning
+from benchmarks.cli import main
+from benchmarks.runner import run_sweep
+from benchmarks.search_spaces import SPACES, NoSearchSpaceError, get_space, suggest
+from benchmarks.suite import SuiteError, _apply, load_suite, validate_config
+from benchmarks.tracking import Tracker
+from benchmarks.tuning import TuneError, TuneOptions, tune, tuning_config
+from conftest import store, tiny_suite_dict, write_suite
+from pfl_core.algorithms import METHODS
+from pfl_core.config import RunConfig
+
+FAKE_GIT = ("0123456789abcdef0123456789abcdef01234567", False)
+
+
+def quiet(*_args, **_kwargs):
+    pass
+
+
+@pytest.fixture(scope="module")
+def mlstore(tmp_path_factory):
+    """One MLflow store for the module (creating a store's tables takes seconds); each test uses
+    its own suite name, hence its own experiments."""
+    uri, art = store(tmp_path_factory.mktemp("mlflow"))
+    Tracker(uri, art)
+    return uri, art
+
+
+def suite_dict(name: str, tuned=True) -> dict:
+    data = tiny_suite_dict()
+    data["name"] = name
+    data["base"]["federation"]["batch_size"] = 100  # one batch per local epoch: seconds per study
+    if tuned:
+        data["tuned"] = {"methods": ["fedavg"]}
+    return data
+
+
+def options(tmp_path, mlstore, **kw) -> TuneOptions:
+    uri, _ = mlstore
+    base = dict(profile="smoke", trials=3, storage=f"sqlite:///{tmp_path}/optuna.db", seeds=(1000,),
+                device="cpu", tracking_uri=uri, echo=None)
+    return TuneOptions(**{**base, **kw})
+
+
+def study_of(tmp_path, name, cell="setting=dir,method=fedavg", method="fedavg", profile="smoke"):
+    return optuna.load_study(study_name=f"tiny/{name}|{cell}|{method}|{profile}",
+                             storage=f"sqlite:///{tmp_path}/optuna.db")
+
+
+def tuning_runs(mlstore, name):
+    return Tracker(*mlstore).runs(f"tiny/{name}/tuning", status=None)
+
+
+@pytest.fixture
+def no_git(monkeypatch):
+    import benchmarks.tracking as tracking
+
+    monkeypatch.setattr(tracking, "git_state", lambda: FAKE_GIT)
+    monkeypatch.setattr(runner, "git_state", lambda: FAKE_GIT)
+
+
+# -- search spaces ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS.names())
+def test_every_method_has_a_space_whose_keys_and_values_validate(method):
+    config = RunConfig().to_dict()
+    config["method"] = {"name": method, "params": {"mu": 1.0} if method == "cgpfl_heur" else {}}
+    config["data"].update(num_clients=20, unseen_fraction=0.2)
+    config["evaluation"]["params"] = {"steps": 3}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(3):
+        params = suggest(study.ask(), config)
+        assert params and all(k.startswith(("method.params.", "evaluation.params.")) for k in params)
+        assert any(k.endswith(("lr", "alpha", "beta", "inner_lr")) for k in params)
+        tuned = copy.deepcopy(config)
+        _apply(tuned, params, "test")
+        validate_config(tuned, "test")
+    fine_tunes = METHODS.get(method).finetune_at_eval
+    assert ("evaluation.params.lr" in params) == fine_tunes
+
+
+def test_spaces_follow_the_config_and_unknown_methods_fail_clearly():
+    study = optuna.create_study()
+    steps = {"method": {"name": "fedavg", "params": {"local_steps": 10}}, "evaluation": {"params": {}},
+             "data": {"num_clients": 10}}
+    assert "method.params.local_steps" in suggest(study.ask(), steps)
+    epochs = {"method": {"name": "fedavg", "params": {}}, "evaluation": {"params": {}}, "data": {"num_clients": 10}}
+    assert "method.params.local_epochs" in suggest(study.ask(), epochs)
+    ifca = {"method": {"name": "ifca", "params": {}}, "evaluation": {"params": {}},
+            "data": {"num_clients": 10, "unseen_fraction": 0.2}}
+    trial = study.ask()
+    suggest(trial, ifca)
+    assert trial.distributions["method.params.num_clusters"].high == 4  # 8 seen clients / 2
+    assert get_space("ditto") is SPACES["ditto"]
+    with pytest.raises(NoSearchSpaceError, match="no search space for method 'nope'"):
+        get_space("nope")
+
+
+# -- the objective's configuration ----------------------------------------------------------------
+def test_tuning_config_evaluates_validation_data_only():
+    base = RunConfig().to_dict()
+    base["data"].update(num_clients=20, unseen_fraction=0.2, client_splits={"test": 0.2})
+    base["evaluation"]["protocol"] = "unseen"
+    base["federation"]["rounds"] = 10
+    cfg, notes = tuning_config(base, TuneOptions())
+    assert cfg["evaluation"]["target"] == "validation" and cfg["data"]["validation_fraction"] == 0.2
+    assert cfg["federation"]["eval_every"] == 2 and notes["validation_fraction"] == 0.2
+    assert cfg["data"]["unseen_fraction"] == 0.2 and base["evaluation"]["target"] == "test"
+    base["evaluation"]["protocol"] = "seen"
+    cfg, notes = tuning_config(base, TuneOptions(val_split=0.15))
+    # test first, val after it: the test split is the same samples as in the table run
+    assert list(cfg["data"]["client_splits"].items()) == [("test", 0.2), ("val", 0.15)]
+    assert notes["val_split"] == 0.15
+    base["data"].update(client_splits={"train": 0.75}, remainder="test")
+    cfg, _ = tuning_config(base, TuneOptions())
+    assert cfg["data"]["client_splits"] == {"train": 0.65, "val": 0.1}
+
+
+def test_tuning_seeds_must_differ_from_the_table_seeds(tmp_path, isolated, mlstore):
+    path = write_suite(tmp_path / "suites" / "tiny" / "seeds.yaml", suite_dict("seeds"))
+    with pytest.raises(TuneError, match=r"overlap the suite's table seeds"):
+        tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, seeds=(1, 1000)))
+    with pytest.raises(TuneError, match=r"no cell with method \['nope'\]"):
+        tune(path, ["nope"], None, options(tmp_path, mlstore))
+    assert not set(tuning.DEFAULT_SEEDS) & {0, 1}
+
+
+def test_suite_tuned_key_is_validated(tmp_path):
+    bad = suite_dict("val")
+    bad["tuned"] = {"methods": ["nope"]}
+    with pytest.raises(SuiteError, match="tuned.methods: unknown method 'nope'"):
+        load_suite(write_suite(tmp_path / "a" / "mini.yaml", bad))
+    bad["tuned"] = {"methods": ["fedavg"], "profile": "huge"}
+    with pytest.raises(SuiteError, match="tuned.profile: unknown profile 'huge'"):
+        load_suite(write_suite(tmp_path / "b" / "mini.yaml", bad))
+    bad["tuned"] = {"methods": "all", "colour": 1}
+    with pytest.raises(SuiteError, match=r"tuned: unknown key\(s\) \['colour'\]"):
+        load_suite(write_suite(tmp_path / "c" / "mini.yaml", bad))
+
+
+# -- a real study, resumed, then used by a run --------------------------------------------------
+def test_study_logs_trials_writes_tuned_file_resumes_and_a_run_uses_the_values(tmp_path, isolated, no_git, capsys, mlstore):
+    path = write_suite(tmp_path / "suites" / "tiny" / "resume.yaml", suite_dict("resume"))
+    uri, art = mlstore
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    rc = main(["tune", str(path), "--method", "fedavg", "--cell", "setting=dir", "--trials", "3",
+               "--profile", "smoke", "--storage", storage, "--tracking-uri", uri, "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "tiny/resume|setting=dir,method=fedavg|fedavg|smoke: best trial" in out
+    assert (tmp_path / "optuna.db").exists()
+    study = study_of(tmp_path, "resume")
+    assert len(study.trials) == 3
+    assert study.user_attrs["budget"]["n_trials"] == 3
+    assert study.user_attrs["objective"]["seeds"] == [1000, 1001]
+    assert study.user_attrs["objective"]["validation"] == {"protocol": "unseen", "validation_fraction": 0.2,
+                                                          "eval_every": 1}
+    # two seeds x two rounds of intermediate values, steps seed-major
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert complete and sorted(complete[0].intermediate_values) == [1, 2, 3, 4]
+    assert complete[0].value == pytest.approx(sum(complete[0].user_attrs["seed_values"]) / 2)
+
+    runs = tuning_runs(mlstore, "resume")
+    assert len(runs) == 3
+    tags = {int(r.data.tags["trial"]): r.data.tags for r in runs}
+    assert sorted(tags) == [0, 1, 2]
+    for number, t in tags.items():
+        assert t["study"] == study.study_name and t["state"] == study.trials[number].state.name
+        assert yaml.safe_load(t["params"]) == study.trials[number].params
+        if t["state"] == "COMPLETE":
+            assert float(t["value"]) == pytest.approx(study.trials[number].value)
+    assert {r.data.params["method.params.lr"] for r in runs} == {str(t.params["method.params.lr"]) for t in study.trials}
+
+    tuned_file = path.parent / "resume.tuned.yml"
+    data = yaml.safe_load(tuned_file.read_text())
+    entry = data["cells"]["setting=dir,method=fedavg"]["fedavg"]["smoke"]
+    best = study.best_trial
+    assert entry["params"] == best.params
+    prov = entry["provenance"]
+    assert prov["study"] == study.study_name and prov["trial"] == best.number
+    assert prov["value"] == pytest.approx(best.value) and prov["n_trials"] == 3
+    assert prov["tuning_seeds"] == [1000, 1001] and prov["git_commit"] == FAKE_GIT[0]
+    assert {"date", "storage", "timeout", "metric", "validation"} <= set(prov)
+
+    # resuming adds trials up to the new budget rather than starting over; the same budget again adds none
+    results = tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=5, seeds=(1000, 1001)))
+    study = study_of(tmp_path, "resume")
+    assert [t.number for t in study.trials] == [0, 1, 2, 3, 4]
+    assert results[0].n_complete + results[0].n_pruned + results[0].n_failed == 5
+    assert len(study.user_attrs["budget_history"]) == 2 and study.user_attrs["budget"]["n_trials"] == 5
+    tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=5, seeds=(1000, 1001)))
+    assert len(study_of(tmp_path, "resume").trials) == 5 and len(tuning_runs(mlstore, "resume")) == 5
+    # a resumed study must keep its objective
+    with pytest.raises(TuneError, match="was created with objective"):
+        tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=6, seeds=(1000,)))
+
+    # a run of the suite now uses the tuned values for fedavg (which the suite opts in), not for local
+    best = study_of(tmp_path, "resume").best_trial
+    suite = load_suite(path)
+    specs = suite.expand("smoke", seeds=[0], only={"setting": ["dir"], "method": ["fedavg", "local"]})
+    plain = {s.config_hash for s in suite.expand("smoke", use_tuned=False)}
+    fedavg = [s for s in specs if s.method == "fedavg"]
+    assert fedavg and all(s.tuned and s.tuned["trial"] == best.number for s in fedavg)
+    assert all(s.config["method"]["params"]["lr"] == best.params["method.params.lr"] for s in fedavg)
+    assert all(s.config["federation"]["rounds"] == 2 for s in fedavg)  # the profile still applies
+    assert all(s.config["evaluation"]["target"] == "test" for s in fedavg)
+    assert not {s.config_hash for s in fedavg} & plain
+    assert all(s.tuned is None and s.config_hash in plain for s in specs if s.method == "local")
+    assert [s.seed for s in fedavg] == [0]
+    tracker = Tracker(uri, art)
+    summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    assert summary.finished == len(specs) == 2
+    runs = tracker.runs(suite.key)
+    for run in runs:
+        if run.data.tags["method"] == "fedavg":
+            assert run.data.tags["tuned"] == "true"
+            assert run.data.tags["tuned.study"] == study.study_name
+            assert run.data.tags["tuned.trial"] == str(best.number)
+            assert float(run.data.params["method.params.lr"]) == pytest.approx(best.params["method.params.lr"])
+        else:
+            assert run.data.tags["tuned"] == "false"
+    # the report marks the tuned cell, and only it
+    from benchmarks.reporting.table import build_suite_report
+    from benchmarks.reporting.text import render_markdown
+
+    report = build_suite_report(suite, tracker, "smoke")
+    marked = report.table[report.table["tuned"]]
+    assert set(marked["method"]) == {"fedavg"} and set(marked["setting"]) == {"dir"}
+    text = render_markdown(report)
+    assert "fedavg †" in text and f"trial {best.number}" in text and "local †" not in text
+    # the paper profile has no tuned entry: paper values
+    assert all(s.tuned is None for s in suite.expand("paper"))
+
+
+# -- no test data is read -----------------------------------------------------------------------------
+def _test_rows(config: dict) -> set[int]:
+    """Rows of the test clients and of every test split of the run with this config."""
+    from pfl_core.data import build_federated, load_dataset
+    from pfl_core.seeding import RunStreams
+
+    d = RunConfig.from_dict(config).data
+    partition = dict(d.partition)
+    fed = build_federated(load_dataset(d.dataset), num_clients=d.num_clients, partition=partition.pop("name"),
+                          partition_params=partition, client_splits=d.client_splits,
+                          unseen_fraction=d.unseen_fraction, streams=RunStreams(config["seed"]),
+                          validation_fraction=d.validation_fraction, remainder=d.remainder)
+    rows = {int(i) for c in fed.unseen_clients for split in fed.clients[c].splits.values() for i in split}
+    rows |= {int(i) for c in fed.train_clients for i in fed.clients[c].splits.get("test", [])}
+    return rows
+
+
+@pytest.mark.parametrize("protocol", ["unseen", "seen"])
+def test_tuning_never_reads_test_clients_or_test_splits(tmp_path, isolated, no_git, monkeypatch, protocol, mlstore):
+    data = suite_dict(f"noread-{protocol}")
+    data["grid"][1]["values"] = ["fedavg_ft"]
+    data["published"] = []
+    if protocol == "seen":
+        data["base"]["data"]["unseen_fraction"] = 0.0
+        data["base"]["evaluation"]["protocol"] = "seen"
+    path = write_suite(tmp_path / "suites" / "tiny" / "noread.yaml", data)
+    from pfl_core.data.federated import ArrayDataset
+
+    import pfl_core.experiment as experiment
+
+    read, original, run_original, current = [], ArrayDataset.batch, experiment.run_experiment, []
+
+    def spy(self, index):
+        read.append((current[-1] if current else None, {int(i) for i in index.tolist()}))
+        return original(self, index)
+
+    def run_spy(cfg, *args, **kwargs):
+        current.append(cfg.seed)
+        return run_original(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(ArrayDataset, "batch", spy)
+    monkeypatch.setattr(experiment, "run_experiment", run_spy)
+    opts = options(tmp_path, mlstore, trials=1, seeds=(1000, 1001), write=False)
+    results = tune(path, ["fedavg_ft"], {"setting": ["dir"]}, opts)
+    assert results[0].n_complete == 1 and read
+    objective = tuning.Objective(load_suite(path), {"setting": "dir", "method": "fedavg_ft"}, "fedavg_ft", opts)
+    configs = objective.configs(optuna.trial.FixedTrial({"method.params.lr": 0.05, "method.params.local_epochs": 1,
+                                                         "evaluation.params.lr": 0.05}))
+    assert [c["seed"] for c in configs] == [1000, 1001]
+    assert all(c["evaluation"]["target"] == "validation" for c in configs)
+    forbidden = {c["seed"]: _test_rows(c) for c in configs}
+    assert all(forbidden.values()) and {seed for seed, _ in read} == {1000, 1001}
+    assert all(not (batch & forbidden[seed]) for seed, batch in read)
+    # the spy does see the test rows when the suite's own test evaluation runs
+    table = load_suite(path).expand("smoke", only={"setting": ["dir"]})[0]
+    read.clear()
+    experiment.run_experiment(RunConfig.from_dict(table.config), device="cpu")
+    assert any(batch & _test_rows(table.config) for seed, batch in read if seed == table.seed)
+
+
+# -- pruning and divergence --------------------------------------------------------------------------
+def test_pruner_stops_a_planted_bad_trial_and_a_diverging_trial_does_not_stop_the_study(tmp_path, isolated, no_git, mlstore):
+    path = write_suite(tmp_path / "suites" / "tiny" / "prune.yaml", suite_dict("prune"))
+    opts = options(tmp_path, mlstore, trials=5, pruner_startup=2)
+    name = "tiny/prune|setting=dir,method=fedavg|fedavg|smoke"
+    study = optuna.create_study(study_name=name, storage=opts.storage, direction="maximize")
+    for lr in (0.1, 0.1, 1e-6, 1e300):  # two good ones, a planted bad one, a diverging one
+        study.enqueue_trial({"method.params.lr": lr, "method.params.local_epochs": 1})
+    with pytest.warns(UserWarning):  # Optuna warns that 1e300 is outside the space
+        results = tune(path, ["fedavg"], {"setting": ["dir"]}, opts)
+    trials = study_of(tmp_path, "prune").trials
+    assert [t.state.name for t in trials[:2]] == ["COMPLETE", "COMPLETE"]
+    assert trials[2].state.name == "PRUNED" and "failure_reason" not in trials[2].user_attrs
+    assert max(trials[2].intermediate_values) < 2  # cut at its first evaluation round
+    assert trials[3].state.name == "PRUNED" and trials[3].user_attrs["failure_reason"].startswith("diverged")
+    assert trials[4].state.name in ("COMPLETE", "PRUNED") and len(trials) == 5  # the study went on
+    assert results[0].best_trial in (0, 1, 4)
+    tags = {r.data.tags["trial"]: r.data.tags for r in tuning_runs(mlstore, "prune")}
+    assert tags["2"]["state"] == "PRUNED" and tags["3"]["failure_reason"].startswith("diverged")
