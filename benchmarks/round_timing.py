@@ -1,0 +1,71 @@
+"""Measure seconds per federation round and per evaluation, and project a suite's wall-clock.
+
+    python -m benchmarks.round_timing suites/cafeme/table1.yaml --only dataset=rmnist --rounds 3
+
+For every cell of the chosen profile (one seed), runs ``--rounds`` rounds and its evaluation on this
+machine, reports the mean seconds per round (the first round, which pays for warm-up, excluded when
+there are several) and the evaluation time, and projects the profile's total as
+``sum over runs of (rounds x s/round + evaluation)``. Nothing is logged to MLflow.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+
+import torch
+
+from benchmarks.suite import load_suite, parse_only
+from pfl_core.config import RunConfig
+from pfl_core.experiment import run_experiment
+
+
+def time_cell(config: dict, rounds: int, device: str, data_dir: str | None) -> tuple[float, float]:
+    """(seconds per round, seconds of the final evaluation) over ``rounds`` >= 3 rounds.
+
+    Rounds 2..n-1 are timed (round 1 pays for loading and warm-up); the last round's interval
+    holds one round plus the evaluation, which gives the evaluation time."""
+    if rounds < 3:
+        raise ValueError("--rounds must be at least 3")
+    cfg = copy.deepcopy(config)
+    cfg["federation"]["rounds"] = rounds
+    cfg["federation"]["eval_every"] = 0
+    stamps: list[float] = []
+    run_experiment(RunConfig.from_dict(cfg), device=device, data_dir=data_dir,
+                   on_round=lambda i, m: stamps.append(time.perf_counter()))
+    intervals = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+    round_s = sum(intervals[:-1]) / len(intervals[:-1])
+    return round_s, max(0.0, intervals[-1] - round_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite")
+    parser.add_argument("--profile", default="paper", help="the profile whose runs are projected")
+    parser.add_argument("--only", action="append", metavar="AXIS=LABEL[,LABEL]")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per cell, >= 3 (default 4)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    suite = load_suite(args.suite)
+    specs = suite.expand(args.profile, only=parse_only(args.only))
+    per_cell: dict[str, tuple[float, float]] = {}
+    print(f"{'cell':55s} {'s/round':>8s} {'eval s':>8s}")
+    for spec in specs:
+        if spec.cell_id in per_cell:
+            continue
+        per_cell[spec.cell_id] = time_cell(spec.config, args.rounds, args.device, args.data_dir)
+        round_s, eval_s = per_cell[spec.cell_id]
+        print(f"{spec.cell_id:55s} {round_s:8.3f} {eval_s:8.1f}", flush=True)
+    total = sum(s.config["federation"]["rounds"] * per_cell[s.cell_id][0] + per_cell[s.cell_id][1]
+                for s in specs)
+    print(f"projected wall-clock of {len(specs)} runs ({args.profile} profile, one process, "
+          f"torch threads {torch.get_num_threads()}): {total / 3600:.1f} h")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
