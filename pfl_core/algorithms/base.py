@@ -106,12 +106,17 @@ class Algorithm(ABC):
         weighting = getattr(self.hp, "weighting", "samples")
         return [float(u.num_samples) if weighting == "samples" else 1.0 for u in updates]
 
-    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
-        """Average the uploads, weighted by samples or uniformly (``hp.weighting``)."""
+    def average_uploads(self, updates: list[ClientUpdate]) -> Params | None:
+        """The ``hp.weighting`` average of the uploaded parameters (None if nothing was uploaded)."""
         uploads = [u for u in updates if u.params is not None]
         if not uploads:
-            return server
-        return {**server, "params": average_params([u.params for u in uploads], self.aggregation_weights(uploads))}
+            return None
+        return average_params([u.params for u in uploads], self.aggregation_weights(uploads))
+
+    def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        """Average the uploads, weighted by samples or uniformly (``hp.weighting``)."""
+        average = self.average_uploads(updates)
+        return server if average is None else {**server, "params": average}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""

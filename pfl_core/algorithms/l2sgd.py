@@ -37,7 +37,7 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, average_params, batch_loss, clone_params, sgd_step
+from pfl_core.training import Params, batch_loss, clone_params, sgd_step
 
 
 @dataclass
@@ -139,11 +139,9 @@ class L2SGD(Algorithm):
         return ClientUpdate(x, client.num_samples("train"), torch.stack(losses).mean())
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
-        uploads = [u for u in updates if u.params is not None]
-        if not uploads:
+        x_bar = self.average_uploads(updates)
+        if x_bar is None:
             return server
-        weights = self.aggregation_weights(uploads)
-        x_bar = average_params([u.params for u in uploads], weights)
         round_idx = server["round"] + 1
         _, times = coin_counts((self.seed, self.hp.coin_seed), round_idx, self.hp.p, self.hp.max_local_steps)
         return {"params": x_bar, "round": round_idx, "keep": (1.0 - self.hp.mix_rate) ** times}

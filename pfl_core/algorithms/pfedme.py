@@ -40,7 +40,7 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, average_params, clone_params, gradients
+from pfl_core.training import Params, clone_params, gradients
 
 PREDICTORS = ("theta", "local")
 
@@ -200,12 +200,8 @@ class PFedMe(Algorithm):
         return ClientUpdate(w, client.num_samples("train"), loss)
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
-        uploads = [u for u in updates if u.params is not None]
-        if not uploads:
-            return server
-        weights = self.aggregation_weights(uploads)
-        avg = average_params([u.params for u in uploads], weights)
-        return {**server, "params": mix(server["params"], avg, self.hp.beta)}
+        avg = self.average_uploads(updates)
+        return server if avg is None else {**server, "params": mix(server["params"], avg, self.hp.beta)}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         return personal_predictor(self.hp, server["params"], client)
