@@ -31,6 +31,15 @@ def default_tracking_uri(results_dir: Path = RESULTS_DIR) -> str:
     return f"sqlite:///{results_dir.resolve() / 'mlflow.db'}"
 
 
+def default_artifact_root(uri: str) -> Path:
+    """Artifacts of a SQLite store live beside its database file (``mlartifacts/``), so a store in a
+    temporary folder keeps its artifacts there too; other stores use ``results/mlartifacts`` only
+    when the experiment is created here (a tracking server has its own artifact root)."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).parent / "mlartifacts"
+    return RESULTS_DIR / "mlartifacts"
+
+
 def git_state() -> tuple[str, bool]:
     """(commit, dirty) of the working tree the harness runs from; ("unknown", True) outside git."""
     try:
@@ -61,7 +70,7 @@ class Tracker:
     def __init__(self, tracking_uri: str | None = None, artifact_root: Path | None = None):
         self.uri = tracking_uri or default_tracking_uri()
         self.client = MlflowClient(tracking_uri=self.uri)
-        self.artifact_root = artifact_root or (RESULTS_DIR / "mlartifacts")
+        self.artifact_root = artifact_root or default_artifact_root(self.uri)
 
     def experiment_id(self, suite_key: str, create: bool = True) -> str | None:
         experiment = self.client.get_experiment_by_name(suite_key)

@@ -6,7 +6,6 @@ import io
 import json
 import math
 import os
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -18,33 +17,14 @@ from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, p
 from pfl_core.data.rmnist import rotate_images, rotation_chunks
 from pfl_core.seeding import RunStreams
 
+from fake_data import femnist_files, write_folder, write_mnist, write_records
+
 SHARED_DATA = Path(
     os.environ.get("PFL_SHARED_MNIST", Path(__file__).parents[2] / "shared" / "data")
 )
 
 
 # ----------------------------------------------------------------------------------------- RMNIST
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """IDX (torchvision layout): big-endian magic 0x08 (uint8) | ndim, the dims, then the bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
-def write_mnist(root: Path, n_train: int = 100) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST raw files; train image i is black with one bright pixel at a spot that differs by i."""
-    images = np.zeros((n_train, 28, 28), dtype=np.uint8)
-    for i in range(n_train):
-        images[i, 3 + i % 7, 16 + i % 5] = 200 + i % 50
-    labels = np.arange(n_train) % 10
-    raw = root / "MNIST" / "raw"
-    write_idx(raw / "train-images-idx3-ubyte", images)
-    write_idx(raw / "train-labels-idx1-ubyte", labels)
-    write_idx(raw / "t10k-images-idx3-ubyte", images[:3])
-    write_idx(raw / "t10k-labels-idx1-ubyte", labels[:3])
-    return images, labels
-
-
 def expected_spot(r: int, c: int, degrees: float) -> tuple[float, float]:
     """Where pixel (r, c) lands after a counter-clockwise rotation about the centre (13.5, 13.5)."""
     t = math.radians(degrees)
@@ -151,31 +131,6 @@ def test_real_rmnist_none_partition():
 
 
 # ---------------------------------------------------------------------------------------- FEMNIST
-def leaf_file(path: Path, writers: dict[str, list[tuple[np.ndarray, int]]]) -> None:
-    """One LEAF JSON file: flattened 28x28 floats k/255 (white = 1.0), int labels."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {"users": list(writers), "num_samples": [len(v) for v in writers.values()],
-            "user_data": {u: {"x": [(img.reshape(-1) / 255.0).tolist() for img, _ in v],
-                              "y": [int(lab) for _, lab in v]} for u, v in writers.items()}}
-    path.write_text(json.dumps(blob))
-
-
-def femnist_files(root: Path) -> dict[str, list[tuple[np.ndarray, int]]]:
-    rng = np.random.default_rng(0)
-    writers = {}
-    sizes = {"f0003_12": 3, "f0001_40": 4, "f0100_07": 2, "f0002_33": 5, "f0050_01": 3}
-    for w, n in sizes.items():
-        writers[w] = [(rng.integers(0, 256, (28, 28)).astype(np.uint8), int(rng.integers(0, 62)))
-                      for _ in range(n)]
-    writers["f0001_40"][0] = (writers["f0001_40"][0][0], 61)
-    names = list(writers)
-    leaf_file(root / "femnist" / "train" / "all_data_0_niid_1_keep_0_train_9.json",
-              {w: writers[w] for w in names[:3]})
-    leaf_file(root / "femnist" / "train" / "all_data_1_niid_1_keep_0_train_9.json",
-              {w: writers[w] for w in names[3:]})
-    return writers
-
-
 def test_femnist_leaf_json(tmp_path):
     writers = femnist_files(tmp_path)
     ds = load_dataset("femnist", tmp_path, "train", download=False)
@@ -218,38 +173,6 @@ def test_femnist_leaf_layout_float_and_missing(tmp_path):
 
 
 # ----------------------------------------------------------------------------------- Meta-Dataset
-def jpeg_bytes(rgb: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(rgb).save(buf, format="JPEG")
-    return buf.getvalue()
-
-
-def solid(color: tuple[int, int, int], size: int = 40) -> np.ndarray:
-    return np.tile(np.array(color, dtype=np.uint8), (size, size, 1))
-
-
-def write_records(folder: Path, num_classes: int, per_class: int, base: int) -> None:
-    """Meta-Dataset converter layout: <class>.tfrecords, Examples with 'image' (JPEG) and 'label'.
-    Image j of class c is a solid colour that encodes (base, c, j) in its RGB values."""
-    from tfrecord.writer import TFRecordWriter
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for c in range(num_classes):
-        writer = TFRecordWriter(str(folder / f"{c}.tfrecords"))
-        for j in range(per_class):
-            image = jpeg_bytes(solid((base, 20 * c, 8 * j)))
-            writer.write({"image": (image, "byte"), "label": (c, "int")})
-        writer.close()
-
-
-def write_folder(folder: Path, num_classes: int, per_class: int) -> None:
-    for c in range(num_classes):
-        d = folder / "train" / f"n{c:03d}"
-        d.mkdir(parents=True)
-        for j in range(per_class):
-            Image.fromarray(solid((100, 20 * c, 8 * j), size=32)).save(d / f"img{j}.png")
-
-
 @pytest.fixture
 def metadataset_dir(tmp_path):
     root = tmp_path / "metadataset"

@@ -1,10 +1,7 @@
 """Dataset loaders on tiny files in the exact torchvision layouts, offline datasets, real MNIST."""
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -15,35 +12,9 @@ from torchvision import datasets as tv
 from pfl_core.data import DATASETS, DatasetNotFoundError, load_dataset, resolve_data_dir
 from pfl_core.data.offline import synthetic_draws
 
+from fake_data import MNIST_STEMS, write_cifar_layout, write_mnist_layout
+
 SHARED_DATA = Path(os.environ.get("PFL_SHARED_MNIST", Path(__file__).parents[2] / "shared" / "data"))
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """IDX file as read by torchvision: big-endian magic (0x08 = uint8, ndim) then dims, then data."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
-
-
-def fake_images(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
-
-
-def write_mnist_layout(root: Path, folder: str, prefix: dict[str, str], num_classes: int) -> dict:
-    """Uncompressed idx files under root/<folder>/raw: torchvision 0.29 reads only the extracted
-    files (its download step gunzips the .gz archives), so that is what must exist on disk."""
-    arrays = {}
-    for i, (split, stem) in enumerate(prefix.items()):
-        n = 7 if split == "train" else 3
-        images = fake_images(n, (28, 28), seed=i)
-        labels = np.arange(n) % num_classes
-        write_idx(root / folder / "raw" / f"{stem}-images-idx3-ubyte", images)
-        write_idx(root / folder / "raw" / f"{stem}-labels-idx1-ubyte", labels)
-        arrays[split] = (images, labels)
-    return arrays
-
-
-MNIST_STEMS = {"train": "train", "test": "t10k"}
 
 
 @pytest.mark.parametrize("name,folder", [("mnist", "MNIST"), ("fmnist", "FashionMNIST")])
@@ -69,38 +40,6 @@ def test_emnist_is_transposed_upright(tmp_path):
     ds = load_dataset("emnist", tmp_path, "train", download=False, emnist_split="byclass")
     assert ds.num_classes == 62 and ds.x.shape == (7, 1, 28, 28) and ds.x.dtype == torch.uint8
     assert np.array_equal(ds.x[:, 0].numpy(), arrays["train"][0].transpose(0, 2, 1))
-
-
-def md5(path: Path) -> str:
-    return hashlib.md5(path.read_bytes()).hexdigest()
-
-
-def write_cifar_layout(root: Path, cls: type, monkeypatch) -> dict:
-    """Tiny CIFAR pickles (data: (n, 3072) uint8 in CHW order). torchvision checks every file's md5
-    against the class's hard-coded list, so the test swaps in the md5s of the files it wrote
-    (on the class, for this test only); the loader's real code path is otherwise unchanged."""
-    cifar100 = cls is tv.CIFAR100
-    folder = root / cls.base_folder
-    folder.mkdir(parents=True)
-    label_key = "fine_labels" if cifar100 else "labels"
-    num_classes = 100 if cifar100 else 10
-    arrays: dict[str, list] = {"train": [], "test": []}
-    for split, entries in (("train", cls.train_list), ("test", cls.test_list)):
-        patched = []
-        for i, (filename, _) in enumerate(entries):
-            n = 4
-            images = fake_images(n, (3, 32, 32), seed=10 * i + (split == "test"))
-            labels = [(3 * i + j) % num_classes for j in range(n)]
-            with open(folder / filename, "wb") as f:
-                pickle.dump({"data": images.reshape(n, -1), label_key: labels}, f)
-            patched.append([filename, md5(folder / filename)])
-            arrays[split].append((images, labels))
-        monkeypatch.setattr(cls, f"{split}_list", patched)
-    names = [f"class{k}" for k in range(num_classes)]
-    with open(folder / cls.meta["filename"], "wb") as f:
-        pickle.dump({cls.meta["key"]: names}, f)
-    monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": md5(folder / cls.meta["filename"])})
-    return {k: (np.concatenate([a for a, _ in v]), sum((b for _, b in v), [])) for k, v in arrays.items()}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,314 @@
+"""Tiny datasets written in the REAL on-disk formats the loaders read, for tests.
+
+Every writer puts files under a data directory (the one ``PFL_DATA_DIR`` / ``--data-dir`` names)
+exactly where :mod:`pfl_core.data` looks for them:
+
+* :func:`write_mnist` / :func:`write_mnist_layout`: torchvision's MNIST-like idx files
+  (``<folder>/raw/<stem>-images-idx3-ubyte``, uncompressed; FashionMNIST and EMNIST via
+  ``folder``/``stems``);
+* :func:`write_cifar10` / :func:`write_cifar_layout`: torchvision's CIFAR python pickles
+  (``cifar-10-batches-py/data_batch_1..5``, ``test_batch``, ``batches.meta``). torchvision checks
+  every file's md5 against hard-coded values, so the md5s of the written files have to be swapped
+  in: in-process with ``monkeypatch`` (:func:`patch_cifar_md5`), in a subprocess with the
+  ``sitecustomize`` hook of :func:`cifar_md5_hook_env`;
+* :func:`write_femnist`: LEAF FEMNIST JSON files (``femnist/train/*.json``);
+* :func:`write_metadataset`: Meta-Dataset sources, TFRecords written with the ``tfrecord`` package
+  (``metadataset/records/<source>/<class>.tfrecords``) and image folders
+  (``metadataset/folders/<source>/train/<class>/*.png``);
+* :func:`write_all`: everything every suite's ``smoke`` profile reads, sized for it (see there).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MNIST_STEMS = {"train": "train", "test": "t10k"}
+
+# ------------------------------------------------------------------------------------- MNIST idx
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """IDX file as read by torchvision: big-endian magic (0x08 = uint8, ndim) then dims, then data."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">I", 0x0800 | array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def fake_images(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """``n`` uniform-noise uint8 images of ``shape``."""
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
+
+
+def write_mnist_layout(root: Path, folder: str, prefix: dict[str, str], num_classes: int) -> dict:
+    """Noise idx files under root/<folder>/raw, 7 train and 3 test images (labels ``arange % C``):
+    torchvision 0.29 reads only the extracted files (its download step gunzips the .gz archives),
+    so that is what must exist on disk. Returns ``{split: (images, labels)}``."""
+    arrays = {}
+    for i, (split, stem) in enumerate(prefix.items()):
+        n = 7 if split == "train" else 3
+        images = fake_images(n, (28, 28), seed=i)
+        labels = np.arange(n) % num_classes
+        write_idx(root / folder / "raw" / f"{stem}-images-idx3-ubyte", images)
+        write_idx(root / folder / "raw" / f"{stem}-labels-idx1-ubyte", labels)
+        arrays[split] = (images, labels)
+    return arrays
+
+
+def spot_images(n: int) -> np.ndarray:
+    """Image i is black with one bright pixel (200 + i % 50) at a spot that differs by i."""
+    images = np.zeros((n, 28, 28), dtype=np.uint8)
+    for i in range(n):
+        images[i, 3 + i % 7, 16 + i % 5] = 200 + i % 50
+    return images
+
+
+def write_mnist(root: Path, n_train: int = 100, n_test: int = 3, folder: str = "MNIST",
+                stems: dict[str, str] = MNIST_STEMS) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-layout idx files under ``root/<folder>/raw`` (``folder="FashionMNIST"`` for fmnist).
+
+    Train image i is :func:`spot_images`' image i with label ``i % 10``; the test split repeats the
+    first ``n_test`` train images and labels. Returns the train (images, labels)."""
+    images, labels = spot_images(max(n_train, n_test)), np.arange(max(n_train, n_test)) % 10
+    raw = root / folder / "raw"
+    write_idx(raw / f"{stems['train']}-images-idx3-ubyte", images[:n_train])
+    write_idx(raw / f"{stems['train']}-labels-idx1-ubyte", labels[:n_train])
+    write_idx(raw / f"{stems['test']}-images-idx3-ubyte", images[:n_test])
+    write_idx(raw / f"{stems['test']}-labels-idx1-ubyte", labels[:n_test])
+    return images[:n_train], labels[:n_train]
+
+
+# --------------------------------------------------------------------------------- CIFAR pickles
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _write_cifar(root: Path, cls: type, n: int) -> tuple[dict, dict]:
+    """CIFAR pickles of ``n`` images per file (data: (n, 3072) uint8 in CHW order); returns
+    ``({split: (images, labels)}, md5s)`` with ``md5s`` = the class attributes ``train_list``,
+    ``test_list`` and ``meta`` as they must read for torchvision to accept the written files."""
+    from torchvision import datasets as tv
+
+    cifar100 = cls is tv.CIFAR100
+    folder = root / cls.base_folder
+    folder.mkdir(parents=True, exist_ok=True)
+    label_key = "fine_labels" if cifar100 else "labels"
+    num_classes = 100 if cifar100 else 10
+    arrays: dict[str, list] = {"train": [], "test": []}
+    md5s: dict = {}
+    for split, entries in (("train", cls.train_list), ("test", cls.test_list)):
+        patched = []
+        for i, (filename, _) in enumerate(entries):
+            images = fake_images(n, (3, 32, 32), seed=10 * i + (split == "test"))
+            labels = [(3 * i + j) % num_classes for j in range(n)]
+            with open(folder / filename, "wb") as f:
+                pickle.dump({"data": images.reshape(n, -1), label_key: labels}, f)
+            patched.append([filename, md5(folder / filename)])
+            arrays[split].append((images, labels))
+        md5s[f"{split}_list"] = patched
+    names = [f"class{k}" for k in range(num_classes)]
+    with open(folder / cls.meta["filename"], "wb") as f:
+        pickle.dump({cls.meta["key"]: names}, f)
+    md5s["meta"] = {**cls.meta, "md5": md5(folder / cls.meta["filename"])}
+    joined = {k: (np.concatenate([a for a, _ in v]), sum((b for _, b in v), [])) for k, v in arrays.items()}
+    return joined, md5s
+
+
+def patch_cifar_md5(cls: type, md5s: dict, monkeypatch) -> None:
+    """torchvision checks every CIFAR file's md5 against the class's hard-coded list; swap in the
+    md5s of the files written (on the class, for this test only: ``monkeypatch`` undoes it). The
+    loader's real code path is otherwise unchanged."""
+    for attr, value in md5s.items():
+        monkeypatch.setattr(cls, attr, value)
+
+
+def write_cifar_layout(root: Path, cls: type, monkeypatch, n_per_file: int = 4) -> dict:
+    """Tiny CIFAR-10/100 pickles (``cls`` = torchvision's ``CIFAR10``/``CIFAR100``) with their md5s
+    patched in through ``monkeypatch`` (see :func:`patch_cifar_md5`); image j of file i is noise
+    with seed ``10 i + is_test``, label ``(3 i + j) % C``. Returns ``{split: (images, labels)}``."""
+    arrays, md5s = _write_cifar(root, cls, n_per_file)
+    patch_cifar_md5(cls, md5s, monkeypatch)
+    return arrays
+
+
+def write_cifar10(root: Path, n_per_batch: int, monkeypatch=None) -> dict:
+    """CIFAR-10 python pickles under ``root/cifar-10-batches-py``: 5 train batches and a test batch
+    of ``n_per_batch`` images each (labels cycle through the 10 classes). With ``monkeypatch``
+    the md5s are patched in for this test (:func:`patch_cifar_md5`). Returns the md5s, for
+    :func:`patch_cifar_md5` later or :func:`cifar_md5_hook_env` for a subprocess."""
+    from torchvision import datasets as tv
+
+    _, md5s = _write_cifar(root, tv.CIFAR10, n_per_batch)
+    if monkeypatch is not None:
+        patch_cifar_md5(tv.CIFAR10, md5s, monkeypatch)
+    return md5s
+
+
+HOOK = '''\
+"""Written by tests/fake_data.py for one test's subprocess only (found through PYTHONPATH).
+torchvision checks every CIFAR file's md5 against hard-coded values; the test's CIFAR files are
+generated, so their md5s (from $PFL_TEST_CIFAR10_MD5) replace those values on the class. Only
+that check changes: the loader reads the files as usual."""
+import json as _json
+import os as _os
+
+_spec = _os.environ.get("PFL_TEST_CIFAR10_MD5")
+if _spec:
+    from torchvision.datasets import CIFAR10 as _CIFAR10
+
+    with open(_spec) as _f:
+        for _attr, _value in _json.load(_f).items():
+            setattr(_CIFAR10, _attr, _value)
+'''
+
+
+def cifar_md5_hook_env(hook_dir: Path, md5s: dict) -> dict[str, str]:
+    """Environment variables that make a Python subprocess (e.g. ``make`` -> ``pflbench``) accept
+    the CIFAR-10 files of :func:`write_cifar10`: a ``sitecustomize.py`` in ``hook_dir`` (put first
+    on ``PYTHONPATH``) patches the md5s, read from a JSON file, onto torchvision's class at start."""
+    hook_dir.mkdir(parents=True, exist_ok=True)
+    (hook_dir / "sitecustomize.py").write_text(HOOK)
+    spec = hook_dir / "cifar10_md5.json"
+    spec.write_text(json.dumps(md5s))
+    path = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "PFL_TEST_CIFAR10_MD5": str(spec)}
+
+
+# ------------------------------------------------------------------------------------ LEAF FEMNIST
+
+
+def leaf_file(path: Path, writers: dict[str, list[tuple[np.ndarray, int]]]) -> None:
+    """One LEAF JSON file: flattened 28x28 floats k/255 (white = 1.0), int labels."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {"users": list(writers), "num_samples": [len(v) for v in writers.values()],
+            "user_data": {u: {"x": [(img.reshape(-1) / 255.0).tolist() for img, _ in v],
+                              "y": [int(lab) for _, lab in v]} for u, v in writers.items()}}
+    path.write_text(json.dumps(blob))
+
+
+def femnist_files(root: Path) -> dict[str, list[tuple[np.ndarray, int]]]:
+    """Five writers (3, 4, 2, 5, 3 images; noise, random labels, one label 61) in two LEAF files."""
+    rng = np.random.default_rng(0)
+    writers = {}
+    sizes = {"f0003_12": 3, "f0001_40": 4, "f0100_07": 2, "f0002_33": 5, "f0050_01": 3}
+    for w, n in sizes.items():
+        writers[w] = [(rng.integers(0, 256, (28, 28)).astype(np.uint8), int(rng.integers(0, 62)))
+                      for _ in range(n)]
+    writers["f0001_40"][0] = (writers["f0001_40"][0][0], 61)
+    names = list(writers)
+    leaf_file(root / "femnist" / "train" / "all_data_0_niid_1_keep_0_train_9.json",
+              {w: writers[w] for w in names[:3]})
+    leaf_file(root / "femnist" / "train" / "all_data_1_niid_1_keep_0_train_9.json",
+              {w: writers[w] for w in names[3:]})
+    return writers
+
+
+def write_femnist(root: Path, writers: int = 12, per_writer: int = 30, files: int = 2,
+                  seed: int = 0) -> dict[str, list[tuple[np.ndarray, int]]]:
+    """``writers`` LEAF writers (``f0000_00``, ...) of ``per_writer`` noise images each, labels
+    cycling through the 62 classes from a writer-dependent offset, spread over ``files`` JSON
+    files under ``root/femnist/train``. Returns ``{writer: [(image, label), ...]}``."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for w in range(writers):
+        images = rng.integers(0, 256, (per_writer, 28, 28)).astype(np.uint8)
+        data[f"f{w:04d}_{w % 100:02d}"] = [(images[j], (7 * w + j) % 62) for j in range(per_writer)]
+    names = list(data)
+    for k in range(files):
+        leaf_file(root / "femnist" / "train" / f"all_data_{k}_niid_1_keep_0_train_9.json",
+                  {w: data[w] for w in names[k::files]})
+    return data
+
+
+# ----------------------------------------------------------------------------------- Meta-Dataset
+
+
+def jpeg_bytes(rgb: np.ndarray) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def solid(color: tuple[int, int, int], size: int = 40) -> np.ndarray:
+    return np.tile(np.array(color, dtype=np.uint8), (size, size, 1))
+
+
+def write_records(folder: Path, num_classes: int, per_class: int, base: int) -> None:
+    """Meta-Dataset converter layout: <class>.tfrecords, Examples with 'image' (JPEG) and 'label'.
+    Image j of class c is a solid colour that encodes (base, c, j) in its RGB values."""
+    from tfrecord.writer import TFRecordWriter
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for c in range(num_classes):
+        writer = TFRecordWriter(str(folder / f"{c}.tfrecords"))
+        for j in range(per_class):
+            image = jpeg_bytes(solid((base, 20 * c, 8 * j)))
+            writer.write({"image": (image, "byte"), "label": (c, "int")})
+        writer.close()
+
+
+def write_folder(folder: Path, num_classes: int, per_class: int) -> None:
+    """An ImageFolder with a ``train`` sub-folder: ``train/n<c>/img<j>.png``, solid (100, 20c, 8j)."""
+    from PIL import Image
+
+    for c in range(num_classes):
+        d = folder / "train" / f"n{c:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for j in range(per_class):
+            Image.fromarray(solid((100, 20 * c, 8 * j), size=32)).save(d / f"img{j}.png")
+
+
+def write_metadataset(root: Path, sources=None, classes: int = 10, per_class: int = 6) -> list[str]:
+    """Meta-Dataset sources under ``root/metadataset``: the loader's record sources as TFRecords,
+    its folder sources (mini_imagenet, cifar_fs) as PNG folders; ``classes`` classes of
+    ``per_class`` images each. ``sources`` defaults to all 8 of the loader's default ``sources``
+    (the CAFeMe suites do not narrow them). Returns the sources written."""
+    from pfl_core.data.metadataset import FOLDER_SOURCES, SOURCES
+
+    sources = list(SOURCES if sources is None else sources)
+    for k, name in enumerate(sources):
+        if name in FOLDER_SOURCES:
+            write_folder(root / "metadataset" / "folders" / name, classes, per_class)
+        else:
+            write_records(root / "metadataset" / "records" / name, classes, per_class, base=25 * k)
+    return sources
+
+
+# ------------------------------------------------------------------------------ every smoke suite
+
+#: sizes for every suite's smoke profile (see :func:`write_all`)
+SMOKE_SIZES = {"mnist_train": 1200, "mnist_test": 200, "cifar_per_batch": 240,
+               "femnist_writers": 12, "femnist_per_writer": 30,
+               "metadataset_classes": 10, "metadataset_per_class": 6}
+
+
+def write_all(root: Path) -> dict:
+    """Every dataset the suites' ``smoke`` profiles read, in the real formats, under ``root``:
+
+    * MNIST and FashionMNIST, 1,200 train / 200 test: CAFeMe smoke subsamples 1,000 RMNIST
+      images (so the subsample path runs) into 10 clients (Shards: 20 shards of 50); CGPFL smoke
+      gives 40 clients 30-60 samples of 3 classes each (<= 22 per class; 120 per class exist);
+    * CIFAR-10, 5 x 240 train + 240 test (1,200 train for the 1,000-sample subsample; 1,440 for
+      CGPFL's ``split: all``);
+    * FEMNIST, 12 writers x 30 images (smoke: natural partition of 10 writers);
+    * Meta-Dataset, all 8 default sources x 10 classes x 6 images (smoke: 10 clients x 10 classes
+      x 6 images; ``classes_per_client`` is 10, so 10 classes per source is the minimum).
+
+    Returns the CIFAR-10 md5s (for :func:`patch_cifar_md5` / :func:`cifar_md5_hook_env`)."""
+    s = SMOKE_SIZES
+    write_mnist(root, s["mnist_train"], s["mnist_test"], folder="MNIST")
+    write_mnist(root, s["mnist_train"], s["mnist_test"], folder="FashionMNIST")
+    md5s = write_cifar10(root, s["cifar_per_batch"])
+    write_femnist(root, writers=s["femnist_writers"], per_writer=s["femnist_per_writer"])
+    write_metadataset(root, classes=s["metadataset_classes"], per_class=s["metadataset_per_class"])
+    return md5s
