@@ -29,7 +29,8 @@ FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
                     "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
                     "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
-                    "failure_reason", "switches", "profile", "metric", "aggregate", "pm_kind", "ddof"]
+                    "failure_reason", "switches", "tuned", "tuned_source", "profile", "metric", "aggregate",
+                    "pm_kind", "ddof"]
 NOTICE = "Not comparable with the paper"
 
 # hand-made runs: fractions; the metric scale (100) makes them percent
