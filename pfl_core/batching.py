@@ -38,18 +38,19 @@ class BatchStream:
         self.reshuffle = reshuffle
         self.short = index.numel() < self.batch_size
         self.drop_last = drop_last and not self.short
-        self._order = self._permutation()
+        self._reorder()
         self._cursor = 0
 
     def _permutation(self) -> torch.Tensor:
         perm = torch.randperm(self.index.numel(), generator=self.generator)
         return self.index[perm.to(self.index.device)]
 
-    def _batches(self) -> list[torch.Tensor]:
-        chunks = list(torch.split(self._order, self.batch_size))
+    def _reorder(self) -> None:
+        """Draw a new order and cut it into batches once (not at every ``next()``)."""
+        chunks = list(torch.split(self._permutation(), self.batch_size))
         if self.drop_last and chunks[-1].numel() < self.batch_size:
             chunks.pop()
-        return chunks
+        self._batches = chunks
 
     @property
     def batches_per_epoch(self) -> int:
@@ -59,17 +60,15 @@ class BatchStream:
     def epoch(self) -> list[torch.Tensor]:
         """One full pass from the start of the order (a new ``for batch in loader`` loop)."""
         if self.reshuffle:
-            self._order = self._permutation()
-        return self._batches()
+            self._reorder()
+        return list(self._batches)
 
     def next(self) -> torch.Tensor:
         """The next batch of the cyclic iterator; restarts (reshuffled if asked) when exhausted."""
-        batches = self._batches()
-        if self._cursor >= len(batches):
+        if self._cursor >= len(self._batches):
             if self.reshuffle:
-                self._order = self._permutation()
-                batches = self._batches()
+                self._reorder()
             self._cursor = 0
-        batch = batches[self._cursor]
+        batch = self._batches[self._cursor]
         self._cursor += 1
         return batch
