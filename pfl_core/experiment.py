@@ -18,6 +18,7 @@ from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
 from pfl_core.data.federated import ArrayDataset, standardize
+from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import run_federation
 from pfl_core.models import build_model
@@ -51,7 +52,8 @@ def partition_digest(fed) -> str:
                   + [fed.train_clients, fed.unseen_clients])
 
 
-def warm_start(model, chain: list[dict], fed, cfg: RunConfig, protocol, streams: RunStreams):
+def warm_start(model, chain: list[dict], fed, cfg: RunConfig, protocol, streams: RunStreams,
+               executor: Executor | None = None):
     """The initial global parameters: the model's own, or, with ``model.warm_start``, the final
     global parameters of each listed method trained in turn from the previous one's (the CAFeMe
     code's shared baseline object, spec diff 15; IFCA's collapse of its k models into that one
@@ -65,8 +67,24 @@ def warm_start(model, chain: list[dict], fed, cfg: RunConfig, protocol, streams:
                                                             where=f"model.warm_start[{i}]: "))
         predecessor.seed = streams.seed_int("algorithm", i + 1)
         params = run_federation(predecessor, fed, params, cfg.federation, protocol, streams,
-                                evaluate_clients=False).server["params"]
+                                evaluate_clients=False, executor=executor).server["params"]
     return params
+
+
+def make_executor(execution: str) -> Executor:
+    """The executor of ``execution`` (``auto`` = ``batched``)."""
+    if execution not in ("auto", *EXECUTIONS):
+        raise ValueError(f"execution must be one of {('auto', *EXECUTIONS)}, got {execution!r}")
+    return Executor("batched" if execution == "auto" else execution)
+
+
+def execution_info(executor: Executor, algorithm) -> dict:
+    """How a run's clients were executed, for its record (``execution`` and, on a fallback, why)."""
+    if executor.uses_batched(algorithm):
+        return {"execution": "batched"}
+    if executor.execution == "batched":
+        return {"execution": "sequential", "execution_fallback": algorithm.batched_fallback}
+    return {"execution": "sequential"}
 
 
 @dataclass
@@ -84,10 +102,17 @@ def run_experiment(
     device: str = "auto",
     data_dir: str | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
+    execution: str = "auto",
 ) -> RunResult:
-    """Run one configuration and return its results (raises DivergenceError on NaN)."""
+    """Run one configuration and return its results (raises DivergenceError on NaN).
+
+    ``execution`` is how the clients are run, never what is computed (the config hash ignores it):
+    ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
+    :mod:`pfl_core.engine`), or ``auto`` (batched). A method without a client program runs
+    sequentially either way; ``info["execution"]`` records the path taken and why."""
     started = time.perf_counter()
     dev = resolve_device(device)
+    executor = make_executor(execution)
     streams = RunStreams(cfg.seed)
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
@@ -120,8 +145,9 @@ def run_experiment(
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
 
-    init = warm_start(model, cfg.model.warm_start, fed, cfg, protocol, streams)
-    fed_result = run_federation(algorithm, fed, init, cfg.federation, protocol, streams, on_round)
+    init = warm_start(model, cfg.model.warm_start, fed, cfg, protocol, streams, executor)
+    fed_result = run_federation(algorithm, fed, init, cfg.federation, protocol, streams, on_round,
+                                executor=executor)
     final = fed_result.final
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
@@ -132,6 +158,7 @@ def run_experiment(
     ]
     info = {
         "device": str(dev),
+        **execution_info(executor, algorithm),
         "wall_s": time.perf_counter() - started,
         "dataset_offline": dataset.offline,
         "dataset_description": dataset.description,

@@ -16,6 +16,7 @@ from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
 from pfl_core.batching import BatchStream
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
+from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
 from pfl_core.training import Params, all_finite
@@ -103,12 +104,15 @@ def run_federation(
     streams: RunStreams,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     evaluate_clients: bool = True,
+    executor: Executor | None = None,
 ) -> FederationResult:
     """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol``.
 
     ``on_round(round_idx, metrics)`` is called after every round (for progress and logging).
     ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
+    ``executor`` runs the sampled clients (default: sequential, the reference path).
     """
+    executor = executor or Executor("sequential")
     eval_bs = protocol.cfg.batch_size or cfg.batch_size
     train_ctx = make_contexts(fed, fed.train_clients, cfg, streams, "batches", eval_bs)
     sampler = ClientSampler(fed.train_clients, cfg.clients_per_round, streams.numpy("sampling"))
@@ -124,7 +128,7 @@ def run_federation(
     for round_idx in range(cfg.rounds):
         sampled = sampler.sample()
         result.sampled.append(sampled)
-        updates = [algorithm.client_update(server, train_ctx[cid], round_idx) for cid in sampled]
+        updates = executor.run(algorithm, server, [train_ctx[cid] for cid in sampled], round_idx)
         loss = float(torch.stack([u.loss for u in updates]).mean())
         if not np.isfinite(loss):
             raise DivergenceError(f"non-finite training loss ({loss}) in round {round_idx + 1}")

@@ -1,58 +1,70 @@
-"""Optimisers over parameter dicts whose state persists per client across rounds.
+"""Functional optimisers whose state persists per client across rounds.
 
 The CAFeMe code keeps one ``torch.optim.Adam`` object per client: its moments and step counter
 carry over between that client's participations, while the parameter values are reloaded from the
-server model each round (CAFeMe spec, "CAFeMe client update", step 5). :class:`ClientOptimizer`
-does exactly that on top of torch's own optimisers.
+server model each round (CAFeMe spec, "CAFeMe client update", step 5). Here that state is a dict of
+tensors (``step``, ``exp_avg``, ``exp_avg_sq``) kept in the client's state, and :func:`optimizer_step`
+is a pure function of (parameters, gradients, state): the same code runs for one client
+(sequential path) and vmapped over a stack of clients whose step counts differ (batched path).
+It follows ``torch.optim.Adam`` / ``torch.optim.SGD`` with their default settings
+(``tests/test_optim.py`` holds it against them).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
 from pfl_core.training import Params
 
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adam": torch.optim.Adam,
-    "sgd": torch.optim.SGD,
-}
+OPTIMIZERS = ("adam", "sgd")
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
 
 
-class ClientOptimizer:
-    """A torch optimiser bound to leaf copies of a parameter dict.
+def init_optimizer_state(name: str, params: Mapping[str, torch.Tensor]) -> dict:
+    """A fresh state for ``params``: Adam's zero moments and step 0; SGD (no momentum) has none."""
+    if name not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {name!r}; allowed: {list(OPTIMIZERS)}")
+    if name == "sgd":
+        return {}
+    device = next(iter(params.values())).device
+    return {
+        "step": torch.zeros((), dtype=torch.float64, device=device),
+        "exp_avg": {k: torch.zeros_like(v) for k, v in params.items()},
+        "exp_avg_sq": {k: torch.zeros_like(v) for k, v in params.items()},
+    }
 
-    ``load(params)`` copies new values into the leaves (keeping the optimiser state);
-    ``step(grads)`` applies one update and returns detached copies of the new values.
+
+def optimizer_step(name: str, params: Params, grads: Mapping[str, torch.Tensor], state: dict,
+                   lr: float) -> tuple[Params, dict]:
+    """One update of ``params`` (only the names in ``grads``); returns (new params, new state).
+
+    Adam, as ``torch.optim.Adam`` (single-tensor form): m <- lerp(m, g, 1 - b1);
+    v <- b2 v + (1 - b2) g^2; p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+    The step count t is a tensor so that clients with different counts can be stacked.
     """
+    with torch.no_grad():
+        if name == "sgd":
+            return {k: p - lr * grads[k] if k in grads else p for k, p in params.items()}, state
+        if name != "adam":
+            raise ValueError(f"unknown optimizer {name!r}; allowed: {list(OPTIMIZERS)}")
+        beta1, beta2 = ADAM_BETAS
+        step = state["step"] + 1
+        step_size = lr / (1 - beta1 ** step)
+        bias_correction2_sqrt = (1 - beta2 ** step).sqrt()
+        new_params, exp_avg, exp_avg_sq = dict(params), {}, {}
+        for k, g in grads.items():
+            exp_avg[k] = torch.lerp(state["exp_avg"][k], g, 1 - beta1)
+            exp_avg_sq[k] = state["exp_avg_sq"][k] * beta2 + (1 - beta2) * g * g
+            denom = exp_avg_sq[k].sqrt() / bias_correction2_sqrt + ADAM_EPS
+            new_params[k] = params[k] + (-step_size * exp_avg[k]) / denom
+        return new_params, {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
-    def __init__(self, params: Mapping[str, torch.Tensor], name: str = "adam", **kwargs):
-        if name not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {name!r}; allowed: {sorted(OPTIMIZERS)}")
-        self.leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-        self.optimizer = OPTIMIZERS[name](list(self.leaves.values()), **kwargs)
 
-    def load(self, params: Mapping[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for name, leaf in self.leaves.items():
-                leaf.copy_(params[name])
-
-    def step(self, grads: Mapping[str, torch.Tensor]) -> Params:
-        for name, leaf in self.leaves.items():
-            leaf.grad = grads[name].detach().clone() if name in grads else None
-        self.optimizer.step()
-        return {k: v.detach().clone() for k, v in self.leaves.items()}
-
-
-def client_optimizer(state: dict, key: str, params: Mapping[str, torch.Tensor], persist: bool = True,
-                     name: str = "adam", **kwargs) -> ClientOptimizer:
-    """The client's optimiser stored under ``state[key]`` (created on first use), loaded with
-    ``params``. With ``persist=False`` a fresh optimiser is made every call (no state carried)."""
-    opt = state.get(key) if persist else None
-    if opt is None:
-        opt = ClientOptimizer(params, name, **kwargs)
-        if persist:
-            state[key] = opt
-    else:
-        opt.load(params)
-    return opt
+def client_optimizer_state(client_state: dict, key: str, name: str, params: Mapping[str, torch.Tensor],
+                           persist: bool = True) -> dict:
+    """The optimiser state stored under ``client_state[key]``, or a fresh one (first use, or
+    ``persist=False``: no state carried between rounds)."""
+    stored = client_state.get(key) if persist else None
+    return stored if stored is not None else init_optimizer_state(name, params)

@@ -1,10 +1,14 @@
 """Functional training primitives: parameters live in a dict and models are called through
-``torch.func.functional_call`` (DESIGN.md, "Algorithms"). Keeping a client update a pure function of
-(parameters, batches) is what lets meta-learning methods differentiate through it and what will
-later let client updates be vectorised."""
+``torch.func.functional_call`` (DESIGN.md, "Algorithms"). A client update is a pure function of
+(parameters, batches): meta-learning methods differentiate through it, and the batched engine
+(:mod:`pfl_core.engine`) vectorises it over a stack of clients with ``torch.func.vmap``.
+
+:func:`value_and_grad` is the one gradient primitive of the core: eager ``torch.autograd.grad`` on
+one model (the sequential path, cheapest there) and ``torch.func.grad_and_value`` inside a
+``torch.func`` transform (the batched path), so a method's update is written once for both."""
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -32,12 +36,30 @@ def batch_loss(model: nn.Module, params: Mapping[str, torch.Tensor], x, y) -> to
     return F.cross_entropy(forward(model, params, x), y)
 
 
+def in_transform() -> bool:
+    """True inside a ``torch.func`` transform (``vmap``, ``grad``): eager autograd cannot run there."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
+def value_and_grad(loss_fn: Callable[..., torch.Tensor], params: Params, *args) -> tuple[Params, torch.Tensor]:
+    """(d loss_fn(params, *args) / d params, loss) with the loss detached.
+
+    Outside any transform: ``torch.autograd.grad`` on detached leaf copies (the sequential path,
+    unchanged numbers). Inside one: ``torch.func.grad_and_value``, which composes with ``vmap``
+    over stacked clients and with an outer ``grad`` (second-order methods)."""
+    if in_transform():
+        grads, loss = torch.func.grad_and_value(loss_fn)(dict(params), *args)
+        return grads, loss.detach()
+    with torch.enable_grad():
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        loss = loss_fn(leaves, *args)
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+    return dict(zip(leaves, grads)), loss.detach()
+
+
 def gradients(model: nn.Module, params: Params, x, y) -> tuple[Params, torch.Tensor]:
     """(d loss / d params, loss) at ``params`` on one batch; the loss is returned detached."""
-    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-    loss = batch_loss(model, leaves, x, y)
-    grads = torch.autograd.grad(loss, list(leaves.values()))
-    return dict(zip(leaves, grads)), loss.detach()
+    return value_and_grad(lambda p, x, y: batch_loss(model, p, x, y), params, x, y)
 
 
 def sgd_step(

@@ -118,7 +118,8 @@ def test_ditto_personal_step_is_the_hand_computed_proximal_step(anchor):
     # round 2: the anchor is the client's own last local copy (code) or the current global model
     w = ctx[0].state["local"] if anchor == "local_copy" else server["params"]
     assert not torch.allclose(ctx[0].state["local"]["1.weight"], server["params"]["1.weight"])
-    p2 = alg.personal_step(server, ctx[0])
+    alg.client_update(server, ctx[0], 1)
+    p2 = ctx[0].state["personal"]
     gW, gb = _mlr_grad(p1["1.weight"], p1["1.bias"], x, y)
     expected_W = p1["1.weight"] - 0.5 * (gW + 0.7 * (p1["1.weight"] - w["1.weight"]))
     expected_b = p1["1.bias"] - 0.5 * (gb + 0.7 * (p1["1.bias"] - w["1.bias"]))

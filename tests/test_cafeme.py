@@ -84,12 +84,17 @@ def _batches(seed=1):
     return [make(4), make(4)], make(8)
 
 
+def _steps(support):
+    """Support batches as the (xs, ys) step sequences ``meta_gradient`` takes."""
+    return [x for x, _ in support], [y for _, y in support]
+
+
 def test_second_order_meta_gradient_matches_finite_differences():
     model = _tiny_modulated()
     alg = _algorithm(model, first_order=False, inner_lr=0.3)
     params = model_params(model)
     support, query = _batches()
-    grads, _ = alg.meta_gradient(params, support, query)
+    grads, _ = alg.meta_gradient(params, _steps(support), query)
 
     def meta_loss(p):
         phi = p
@@ -115,7 +120,7 @@ def test_first_order_gradient_is_the_query_gradient_at_the_adapted_point():
     alg = _algorithm(model, first_order=True, inner_lr=0.3)
     params = model_params(model)
     support, query = _batches()
-    grads, _ = alg.meta_gradient(params, support, query)
+    grads, _ = alg.meta_gradient(params, _steps(support), query)
     phi = params
     for x, y in support:
         leaves = {k: v.detach().requires_grad_(True) for k, v in phi.items()}
@@ -130,8 +135,8 @@ def test_first_order_gradient_is_the_query_gradient_at_the_adapted_point():
 def test_second_order_differs_from_first_order():
     model = _tiny_modulated()
     support, query = _batches()
-    fo, _ = _algorithm(model, first_order=True).meta_gradient(model_params(model), support, query)
-    so, _ = _algorithm(model, first_order=False).meta_gradient(model_params(model), support, query)
+    fo, _ = _algorithm(model, first_order=True).meta_gradient(model_params(model), _steps(support), query)
+    so, _ = _algorithm(model, first_order=False).meta_gradient(model_params(model), _steps(support), query)
     assert not torch.allclose(fo["base.fc.1.weight"], so["base.fc.1.weight"])
 
 

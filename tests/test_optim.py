@@ -1,30 +1,52 @@
+"""The functional optimisers against torch's own, per-client state across rounds."""
+import pytest
 import torch
 
-from pfl_core.optim import client_optimizer
+from pfl_core.optim import client_optimizer_state, init_optimizer_state, optimizer_step
 
 
 def test_adam_state_persists_across_rounds_while_values_are_reloaded():
     state = {}
-    p0 = {"w": torch.tensor([1.0, -2.0])}
-    g = {"w": torch.tensor([0.5, 0.5])}
-    ref = torch.nn.Parameter(p0["w"].clone())
-    ref_opt = torch.optim.Adam([ref], lr=0.1)
+    p0 = {"w": torch.tensor([1.0, -2.0]), "b": torch.tensor([0.3])}
+    ref = [torch.nn.Parameter(p0[k].clone()) for k in ("w", "b")]
+    ref_opt = torch.optim.Adam(ref, lr=0.1)
+    gen = torch.Generator().manual_seed(0)
     for _ in range(3):  # three "rounds": values reloaded from p0, Adam moments carried over
-        opt = client_optimizer(state, "adam", p0, lr=0.1)
-        new = opt.step(g)
-        with torch.no_grad():
-            ref.copy_(p0["w"])
-        ref.grad = g["w"].clone()
-        ref_opt.step()
-        assert torch.allclose(new["w"], ref.detach())
-    assert state["adam"].optimizer.state[state["adam"].leaves["w"]]["step"] == 3
+        adam = client_optimizer_state(state, "adam", "adam", p0)
+        params = p0
+        for _ in range(2):
+            g = {k: torch.randn(v.shape, generator=gen) for k, v in p0.items()}
+            params, adam = optimizer_step("adam", params, g, adam, lr=0.1)
+            for r, k in zip(ref, ("w", "b")):
+                r.grad = g[k].clone()
+            ref_opt.step()
+        state["adam"] = adam
+        for r, k in zip(ref, ("w", "b")):
+            assert torch.allclose(params[k], r.detach(), atol=1e-7)
+            with torch.no_grad():
+                r.copy_(p0[k])
+    assert int(state["adam"]["step"]) == 6
 
 
 def test_non_persistent_optimizer_restarts_every_round():
     state = {}
     p0, g = {"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}
-    first = client_optimizer(state, "adam", p0, persist=False, lr=0.1).step(g)
-    second = client_optimizer(state, "adam", p0, persist=False, lr=0.1).step(g)
+    first, _ = optimizer_step("adam", p0, g, client_optimizer_state(state, "adam", "adam", p0, persist=False), 0.1)
+    second, _ = optimizer_step("adam", p0, g, client_optimizer_state(state, "adam", "adam", p0, persist=False), 0.1)
     assert torch.equal(first["w"], second["w"]) and "adam" not in state
     # a fresh Adam's first step moves each coordinate by lr (bias-corrected m/sqrt(v) = 1)
     assert torch.allclose(first["w"], torch.tensor([0.9]))
+
+
+def test_sgd_and_partial_updates():
+    p0 = {"w": torch.tensor([1.0, 2.0]), "frozen": torch.tensor([5.0])}
+    new, state = optimizer_step("sgd", p0, {"w": torch.tensor([1.0, -1.0])}, init_optimizer_state("sgd", p0), 0.5)
+    assert torch.equal(new["w"], torch.tensor([0.5, 2.5])) and new["frozen"] is p0["frozen"] and state == {}
+    adam = init_optimizer_state("adam", {"w": p0["w"]})
+    new, adam = optimizer_step("adam", p0, {"w": torch.tensor([1.0, -1.0])}, adam, 0.1)
+    assert new["frozen"] is p0["frozen"] and set(adam["exp_avg"]) == {"w"}
+
+
+def test_unknown_optimizer_is_rejected():
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        init_optimizer_state("lbfgs", {"w": torch.zeros(1)})

@@ -199,10 +199,10 @@ def test_failed_run_is_rerun_by_the_next_sweep(tmp_path, tiny_suite, monkeypatch
     specs = suite.expand("smoke", only={"setting": ["iid"], "method": ["fedavg", "local"]})
     real = experiment.run_federation
 
-    def flaky(algorithm, fed, init, cfg, protocol, streams, on_round=None):
+    def flaky(algorithm, fed, init, cfg, protocol, streams, on_round=None, **kwargs):
         if type(algorithm).__name__ == "FedAvg" and streams.seed == 1:
             raise DivergenceError("injected: non-finite loss in round 1")
-        return real(algorithm, fed, init, cfg, protocol, streams, on_round)
+        return real(algorithm, fed, init, cfg, protocol, streams, on_round, **kwargs)
 
     monkeypatch.setattr(experiment, "run_federation", flaky)
     tracker = Tracker(*store(tmp_path / "store"))

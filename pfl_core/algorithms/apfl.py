@@ -82,6 +82,7 @@ class APFL(Algorithm):
     """APFL: uploads w_i, keeps v_i and alpha_i in ``client.state``; predicts with v_bar_i."""
 
     hyper_class = APFLHyper
+    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
         hp = self.hp

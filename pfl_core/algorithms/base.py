@@ -4,10 +4,17 @@ An algorithm says how the server state is initialised, what a sampled client doe
 (reading and writing its own persistent state), how the uploads are aggregated, and which
 parameters a client predicts with. Hyperparameters are a dataclass whose defaults are the paper's
 values; suites override them by name and unknown names are rejected.
+
+A client's round is written once, as a *program* (:mod:`pfl_core.engine.executor`):
+:meth:`Algorithm.carry_in`, :meth:`Algorithm.draw`, the pure :meth:`Algorithm.local_update` and
+:meth:`Algorithm.carry_out`. The engine runs it for one client (the sequential path, also
+:meth:`Algorithm.client_update`) or vmapped over a stack of clients (the batched path). A method
+that overrides :meth:`Algorithm.client_update` instead runs on the sequential path only and says
+why in ``batched_fallback``.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Iterator, Literal
 
@@ -17,6 +24,7 @@ from torch import nn
 from pfl_core.batching import BatchStream
 from pfl_core.config import check_value_types
 from pfl_core.data.federated import ArrayDataset, Client
+from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, average_params, forward, sgd_step
 
 ServerState = dict[str, Any]
@@ -63,6 +71,14 @@ class ClientContext:
     def next_batch(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
         return self.dataset.batch(self.streams[split].next())
 
+    def next_index(self, split: str = "train") -> torch.Tensor:
+        """The index batch :meth:`next_batch` would return (for batch plans)."""
+        return self.streams[split].next()
+
+    def epoch_index(self, split: str = "train") -> list[torch.Tensor]:
+        """The index batches :meth:`epoch` would yield (for batch plans)."""
+        return self.streams[split].epoch()
+
     def epoch(self, split: str = "train") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for index in self.streams[split].epoch():
             yield self.dataset.batch(index)
@@ -79,8 +95,9 @@ class ClientUpdate:
 
 
 class Algorithm(ABC):
-    """Base class of every federated method. Subclasses set ``hyper_class`` and implement
-    :meth:`client_update`; the defaults below are FedAvg's server."""
+    """Base class of every federated method. Subclasses set ``hyper_class`` and implement the
+    client program (:meth:`carry_in`, :meth:`draw`, :meth:`local_update`, :meth:`carry_out`) or,
+    sequential only, :meth:`client_update`; the defaults below are FedAvg's server."""
 
     hyper_class: ClassVar[type[HyperParams]] = HyperParams
     #: whether the evaluation protocol fine-tunes this method's predictor (the "-FT" variants)
@@ -88,6 +105,11 @@ class Algorithm(ABC):
     #: an integer derived from the run seed (stream ``algorithm``), for a method's own randomness
     #: (k-means restarts, coin flips); set by the experiment before training
     seed: int = 0
+    #: None when the client update is a program (batched path available), else why it is not
+    batched_fallback: ClassVar[str | None] = None
+    #: plan streams whose number of batches may differ between clients: the batched path may pad
+    #: them, and :meth:`local_update` then receives a mask for them
+    maskable_streams: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, hp: HyperParams):
         check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices
@@ -97,9 +119,34 @@ class Algorithm(ABC):
     def init_server(self, params: Params) -> ServerState:
         return {"params": params}
 
-    @abstractmethod
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        """Train client ``client`` starting from ``server``; may read and write ``client.state``."""
+        """Train client ``client`` starting from ``server``; may read and write ``client.state``.
+        By default: the client program on this one client (the sequential path)."""
+        from pfl_core.engine.executor import run_program
+
+        return run_program(self, server, client, round_idx)
+
+    # -- the client program ---------------------------------------------------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """The client's start values (a pytree of tensors) from the server and ``client.state``."""
+        raise NotImplementedError(f"{type(self).__name__} has no client program")
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        """The index batches the client consumes this round, per named stream, drawn in the
+        order of the method's reference code (host side: all randomness lives here)."""
+        raise NotImplementedError(f"{type(self).__name__} has no client program")
+
+    def local_update(self, carry: dict, batches: dict, masks: dict) -> tuple[dict, torch.Tensor]:
+        """Pure tensor function of one client's round: ``batches[stream] = (xs, ys)`` indexable by
+        step; ``masks[stream]`` (maskable streams of a padded stack only) marks the real steps.
+        Returns the new carry and the client's mean training loss (0-d). No host syncs, no
+        randomness, no Python branching on tensor values: it runs under ``torch.func.vmap``."""
+        raise NotImplementedError(f"{type(self).__name__} has no client program")
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry: dict,
+                  loss: torch.Tensor) -> ClientUpdate:
+        """Write the client's persistent state from ``carry`` and return its upload."""
+        raise NotImplementedError(f"{type(self).__name__} has no client program")
 
     def aggregation_weights(self, updates: list[ClientUpdate]) -> list[float]:
         """Per-upload weights following ``hp.weighting`` (samples when the method has no such field)."""

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.optim import client_optimizer
-from pfl_core.training import Params
+from pfl_core.optim import client_optimizer_state, optimizer_step
+from pfl_core.training import Params, value_and_grad
 
 
 @dataclass
@@ -65,32 +65,53 @@ class CAFeMe(Algorithm):
         kwargs = {"context_y": y} if self.context_labels else {}
         return F.cross_entropy(torch.func.functional_call(self.model, params, (x,), kwargs), y)
 
-    def meta_gradient(self, params: Params, support: list, query: tuple) -> tuple[Params, torch.Tensor]:
-        """(gradient for omega, query loss) given the inner batches and the query batch.
+    def meta_gradient(self, params: Params, support: tuple, query: tuple) -> tuple[Params, torch.Tensor]:
+        """(gradient for omega, query loss) given the inner batches ``support = (xs, ys)`` (indexable
+        by step) and the query batch.
 
         Inner loop: phi_s = phi_{s-1} - alpha * grad loss(phi_{s-1}; support[s]). First order: the
         gradient of the query loss at phi_S; second order: its gradient w.r.t. omega through the
-        inner steps (create_graph)."""
-        second_order = not self.hp.first_order
-        omega = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-        phi = omega
-        for x, y in support:
-            grads = torch.autograd.grad(self.loss(phi, x, y), list(phi.values()), create_graph=second_order)
-            phi = {name: p - self.hp.inner_lr * g for (name, p), g in zip(phi.items(), grads)}
-            if not second_order:
-                phi = {name: p.detach().requires_grad_(True) for name, p in phi.items()}
-        query_loss = self.loss(phi, *query)
-        wrt = omega if second_order else phi
-        return dict(zip(wrt, torch.autograd.grad(query_loss, list(wrt.values())))), query_loss.detach()
+        inner steps (a ``grad`` of a function that itself takes gradients)."""
+        xs, ys = support
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        support = [client.next_batch() for _ in range(self.hp.adapt_steps)]
-        query = [client.next_batch() for _ in range(self.hp.query_batches)]
-        query = (torch.cat([b[0] for b in query]), torch.cat([b[1] for b in query]))
-        grads, query_loss = self.meta_gradient(server["params"], support, query)
-        opt = client_optimizer(client.state, "outer_adam", server["params"],
-                               persist=self.hp.persist_outer_optimizer, lr=self.hp.outer_lr)
-        return ClientUpdate(opt.step(grads), client.num_samples("train"), query_loss)
+        def adapted(omega: Params) -> Params:
+            phi = omega
+            for step in range(len(xs)):
+                grads, _ = value_and_grad(self.loss, phi, xs[step], ys[step])
+                phi = {name: p - self.hp.inner_lr * grads[name] for name, p in phi.items()}
+            return phi
+
+        if self.hp.first_order:
+            with torch.no_grad():
+                phi = adapted(params)
+            return value_and_grad(self.loss, phi, *query)
+        # a transform at the outer level makes every inner value_and_grad a nested torch.func.grad
+        grads, loss = torch.func.grad_and_value(lambda omega, x, y: self.loss(adapted(omega), x, y))(
+            dict(params), *query)
+        return grads, loss.detach()
+
+    # -- the client program (steps 1-4 of the module docstring) ----------------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        adam = client_optimizer_state(client.state, "outer_adam", "adam", server["params"],
+                                      persist=self.hp.persist_outer_optimizer)
+        return {"params": server["params"], "adam": adam}
+
+    def draw(self, client: ClientContext, round_idx: int):
+        """S support batches, then ``query_batches`` batches concatenated into one query batch."""
+        support = [client.next_index() for _ in range(self.hp.adapt_steps)]
+        query = torch.cat([client.next_index() for _ in range(self.hp.query_batches)])
+        return {"support": support, "query": [query]}
+
+    def local_update(self, carry, batches, masks):
+        xq, yq = batches["query"]
+        grads, query_loss = self.meta_gradient(carry["params"], batches["support"], (xq[0], yq[0]))
+        params, adam = optimizer_step("adam", carry["params"], grads, carry["adam"], self.hp.outer_lr)
+        return {"params": params, "adam": adam}, query_loss
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        if self.hp.persist_outer_optimizer:
+            client.state["outer_adam"] = carry["adam"]
+        return ClientUpdate(carry["params"], client.num_samples("train"), loss)
 
     def _eval_context(self, client: ClientContext) -> dict:
         """Label-conditioned FM at evaluation: the context is the first batch of the client's
@@ -105,6 +126,6 @@ class CAFeMe(Algorithm):
         return torch.func.functional_call(self.model, params, (x,), self._eval_context(client))
 
     def finetune_step(self, params: Params, x, y, lr: float, client: ClientContext) -> Params:
-        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-        grads = torch.autograd.grad(self.loss(leaves, x, y), list(leaves.values()))
-        return {k: (p - lr * g).detach() for (k, p), g in zip(leaves.items(), grads)}
+        grads, _ = value_and_grad(self.loss, params, x, y)
+        with torch.no_grad():
+            return {k: p - lr * grads[k] for k, p in params.items()}

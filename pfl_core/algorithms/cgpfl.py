@@ -232,6 +232,7 @@ class CGPFL(Algorithm):
     models; a diagnostic "global" model, also what a never-trained client predicts with)."""
 
     hyper_class = CGPFLHyper
+    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def init_server(self, params: Params) -> ServerState:
         k = self._initial_k()

@@ -25,7 +25,7 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.optim import client_optimizer
+from pfl_core.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, gradients, sgd_step
 
 
@@ -82,34 +82,39 @@ class Ditto(Algorithm):
     def init_server(self, params: Params) -> ServerState:
         return {"params": params, "init": params}
 
-    def personal_step(self, server: ServerState, client: ClientContext) -> Params:
-        """S proximal SGD steps on p (spec: Ditto "Personal step")."""
+    # -- the client program: personal step, then global step --------------------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         anchor = server["params"] if self.hp.anchor == "global" else client.state.get("local", server["init"])
-        personal = client.state.get("personal", server["init"])
-        for _ in range(self.hp.personal_steps):
-            x, y = client.next_batch()
-            personal, _ = sgd_step(self.model, personal, x, y, self.hp.lr, self.hp.mu, anchor)
-        client.state["personal"] = personal
-        return personal
+        optimizer = client_optimizer_state(client.state, "global_opt", self.hp.global_optimizer,
+                                           server["params"], persist=self.hp.persist_optimizer)
+        return {"personal": client.state.get("personal", server["init"]), "anchor": anchor,
+                "params": server["params"], "optimizer": optimizer}
 
-    def global_step(self, server: ServerState, client: ClientContext) -> tuple[Params, torch.Tensor]:
-        """S optimiser steps (Adam by default) on a copy of the global model (spec: Ditto "Global step")."""
-        opt = client_optimizer(client.state, "global_opt", server["params"],
-                               persist=self.hp.persist_optimizer, name=self.hp.global_optimizer,
-                               lr=self.hp.global_lr)
+    def draw(self, client: ClientContext, round_idx: int):
+        return {"personal": [client.next_index() for _ in range(self.hp.personal_steps)],
+                "global": [client.next_index() for _ in range(self.hp.global_steps)]}
+
+    def local_update(self, carry, batches, masks):
+        """S proximal SGD steps on p (spec: Ditto "Personal step"), then S optimiser steps (Adam by
+        default) on a copy of the global model (spec: Ditto "Global step")."""
+        personal, params, optimizer = carry["personal"], carry["params"], carry["optimizer"]
+        xs, ys = batches["personal"]
+        for step in range(len(xs)):
+            personal, _ = sgd_step(self.model, personal, xs[step], ys[step], self.hp.lr, self.hp.mu, carry["anchor"])
+        xs, ys = batches["global"]
         losses = []
-        for _ in range(self.hp.global_steps):
-            x, y = client.next_batch()
-            grads, loss = gradients(self.model, opt.leaves, x, y)
-            params = opt.step(grads)
+        for step in range(len(xs)):
+            grads, loss = gradients(self.model, params, xs[step], ys[step])
+            params, optimizer = optimizer_step(self.hp.global_optimizer, params, grads, optimizer, self.hp.global_lr)
             losses.append(loss)
-        client.state["local"] = params
-        return params, torch.stack(losses).mean()
+        return {"personal": personal, "params": params, "optimizer": optimizer}, torch.stack(losses).mean()
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        self.personal_step(server, client)
-        params, loss = self.global_step(server, client)
-        return ClientUpdate(params, client.num_samples("train"), loss)
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        client.state["personal"] = carry["personal"]
+        client.state["local"] = carry["params"]
+        if self.hp.persist_optimizer:
+            client.state["global_opt"] = carry["optimizer"]
+        return ClientUpdate(carry["params"], client.num_samples("train"), loss)
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         if self.hp.evaluate_personal:

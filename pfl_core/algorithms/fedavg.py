@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd
+from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd, local_sgd_plan
 
 
 @dataclass
@@ -21,10 +21,20 @@ class FedAvgHyper(LocalSGDHyper, HyperParams):
 @METHODS.register("fedavg")
 class FedAvg(Algorithm):
     hyper_class = FedAvgHyper
+    maskable_streams = ("train",)
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        params, loss = local_sgd(self.model, server["params"], client, self.hp)
-        return ClientUpdate(params, client.num_samples("train"), loss)
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        return {"params": server["params"]}
+
+    def draw(self, client: ClientContext, round_idx: int):
+        return local_sgd_plan(client, self.hp)
+
+    def local_update(self, carry, batches, masks):
+        params, loss = local_sgd(self.model, carry["params"], batches, masks, self.hp.lr)
+        return {"params": params}, loss
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        return ClientUpdate(carry["params"], client.num_samples("train"), loss)
 
 
 @METHODS.register("fedavg_ft")

@@ -22,8 +22,8 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.optim import client_optimizer
-from pfl_core.training import Params, batch_loss
+from pfl_core.optim import client_optimizer_state, optimizer_step
+from pfl_core.training import Params, batch_loss, value_and_grad
 
 
 @dataclass
@@ -55,11 +55,9 @@ class FedRepHyper(HyperParams):
 
 def partial_gradients(model, params: Params, trainable: list[str], x, y) -> tuple[Params, torch.Tensor]:
     """(d loss / d params[trainable], loss): the other parameters enter as constants."""
-    wanted = set(trainable)
-    leaves = {k: v.detach().requires_grad_(k in wanted) for k, v in params.items()}
-    loss = batch_loss(model, leaves, x, y)
-    grads = torch.autograd.grad(loss, [leaves[k] for k in trainable])
-    return dict(zip(trainable, grads)), loss.detach()
+    frozen = {k: v for k, v in params.items() if k not in set(trainable)}
+    return value_and_grad(lambda part, x, y: batch_loss(model, {**frozen, **part}, x, y),
+                          {k: params[k] for k in trainable}, x, y)
 
 
 @METHODS.register("fedrep")
@@ -81,26 +79,44 @@ class FedRep(Algorithm):
                 f"body; its parameters are {names}. Set method.params.head_prefixes."
             )
 
-    def _phase(self, client: ClientContext, key: str, params: Params, names: list[str],
-               steps: int) -> tuple[Params, list[torch.Tensor]]:
-        """``steps`` Adam steps on ``params[names]`` (the rest frozen); returns the new full dict."""
-        if steps == 0:
-            return params, []
-        opt = client_optimizer(client.state, key, {n: params[n] for n in names},
-                               persist=self.hp.persist_optimizer, lr=self.hp.lr)
+    def _phase(self, params: Params, optimizer: dict, names: list[str], batches: tuple) -> tuple[Params, dict, list]:
+        """Adam steps on ``params[names]`` (the rest frozen), one per batch; returns the new full
+        dict, the optimiser state and the losses."""
+        xs, ys = batches
         losses = []
-        for _ in range(steps):
-            x, y = client.next_batch()
-            grads, loss = partial_gradients(self.model, {**params, **opt.leaves}, names, x, y)
-            params = {**params, **opt.step(grads)}
+        for step in range(len(xs)):
+            grads, loss = partial_gradients(self.model, params, names, xs[step], ys[step])
+            params, optimizer = optimizer_step("adam", params, grads, optimizer, self.hp.lr)
             losses.append(loss)
-        return params, losses
+        return params, optimizer, losses
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
+    # -- the client program: head steps, then body steps ------------------------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         params = self.predictor(server, client)
-        params, head_losses = self._phase(client, "head_adam", params, self.head_names, self.hp.head_steps)
-        params, body_losses = self._phase(client, "body_adam", params, self.body_names, self.hp.body_steps)
+        persist = self.hp.persist_optimizer
+        return {"params": params,
+                "head_adam": client_optimizer_state(client.state, "head_adam", "adam",
+                                                    {n: params[n] for n in self.head_names}, persist),
+                "body_adam": client_optimizer_state(client.state, "body_adam", "adam",
+                                                    {n: params[n] for n in self.body_names}, persist)}
+
+    def draw(self, client: ClientContext, round_idx: int):
+        return {"head": [client.next_index() for _ in range(self.hp.head_steps)],
+                "body": [client.next_index() for _ in range(self.hp.body_steps)]}
+
+    def local_update(self, carry, batches, masks):
+        params, head_adam, head_losses = self._phase(carry["params"], carry["head_adam"], self.head_names,
+                                                     batches["head"])
+        params, body_adam, body_losses = self._phase(params, carry["body_adam"], self.body_names, batches["body"])
         loss = torch.stack(body_losses or head_losses).mean()  # the code reports the body-step loss
+        return {"params": params, "head_adam": head_adam, "body_adam": body_adam}, loss
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        params = carry["params"]
+        if self.hp.persist_optimizer:
+            for key, steps in (("head_adam", self.hp.head_steps), ("body_adam", self.hp.body_steps)):
+                if steps:  # a phase without steps never creates its optimiser (code)
+                    client.state[key] = carry[key]
         if self.hp.personal_head:
             client.state["head"] = {n: params[n] for n in self.head_names}
             params = {n: params[n] for n in self.body_names}

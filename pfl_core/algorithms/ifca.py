@@ -26,9 +26,8 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState, Weighting
-from pfl_core.algorithms.fedavg import FedAvgHyper
-from pfl_core.algorithms.local_sgd import local_sgd
+from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState, Weighting
+from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
 from pfl_core.training import Params, average_params, batch_loss, model_params
 
 
@@ -101,7 +100,7 @@ def cluster_losses(model: nn.Module, clusters: list[Params], client: ClientConte
 
 
 @METHODS.register("ifca")
-class IFCA(Algorithm):
+class IFCA(FedAvg):
     """IFCA without fine-tuning at evaluation (the chosen cluster is evaluated directly).
 
     Server state: ``{"clusters": [k parameter dicts], "params": clusters[0]}``; ``params`` is only
@@ -131,10 +130,12 @@ class IFCA(Algorithm):
         client.state["cluster"] = choice
         return choice
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        choice = self.choose_cluster(server, client)
-        params, loss = local_sgd(self.model, server["clusters"][choice], client, self.hp)
-        return ClusterUpdate(params, client.num_samples("train"), loss, cluster=choice)
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """FedAvg's local SGD (its plan and update) from the chosen cluster's model."""
+        return {"params": server["clusters"][self.choose_cluster(server, client)]}
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        return ClusterUpdate(carry["params"], client.num_samples("train"), loss, cluster=client.state["cluster"])
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         """Average each cluster over the clients that chose it; unchosen clusters stay as they are."""

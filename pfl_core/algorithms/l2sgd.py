@@ -104,6 +104,7 @@ def coin_counts(seed: int | tuple[int, ...], round_idx: int, p: float, cap: int 
 @METHODS.register("l2sgd")
 class L2SGD(Algorithm):
     hyper_class = L2SGDHyper
+    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def init_server(self, params: Params) -> ServerState:
         return {"params": params, "round": -1, "keep": 1.0}

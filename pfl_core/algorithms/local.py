@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
-from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd
+from pfl_core.algorithms.base import ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.fedavg import FedAvg
+from pfl_core.algorithms.local_sgd import LocalSGDHyper
 from pfl_core.training import Params
 
 
@@ -16,7 +17,7 @@ class LocalHyper(LocalSGDHyper, HyperParams):
 
 
 @METHODS.register("local")
-class Local(Algorithm):
+class Local(FedAvg):
     """Each sampled client continues training its own model (kept in ``client.state``).
 
     A client that never trained (an unseen client) predicts with the initial model, and the
@@ -27,10 +28,11 @@ class Local(Algorithm):
     hyper_class = LocalHyper
     finetune_at_eval = True
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        start = client.state.get("params", server["params"])
-        params, loss = local_sgd(self.model, start, client, self.hp)
-        client.state["params"] = params
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        return {"params": client.state.get("params", server["params"])}
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        client.state["params"] = carry["params"]
         return ClientUpdate(None, client.num_samples("train"), loss)
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:

@@ -1,4 +1,4 @@
-"""Local SGD on one client, shared by FedAvg, FedAvg-FT and Local."""
+"""Local SGD on one client, shared by FedAvg, FedAvg-FT, IFCA and Local: the plan, the update."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms.base import ClientContext
+from pfl_core.engine import masked_mean, masked_update
+from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, sgd_step
 
 
@@ -22,16 +24,24 @@ class LocalSGDHyper:
     """If > 0, take this many batches from the cyclic stream instead of ``local_epochs`` passes."""
 
 
-def local_sgd(model: nn.Module, params: Params, client: ClientContext, hp: LocalSGDHyper) -> tuple[Params, torch.Tensor]:
-    """Plain SGD from ``params`` on the client's train split; returns (params, mean loss)."""
+def local_sgd_plan(client: ClientContext, hp: LocalSGDHyper) -> Plan:
+    """``local_steps`` batches of the cyclic stream, or ``local_epochs`` full passes."""
     if hp.local_steps > 0:
-        batches = (client.next_batch() for _ in range(hp.local_steps))
+        batches = [client.next_index() for _ in range(hp.local_steps)]
     else:
-        batches = (batch for _ in range(hp.local_epochs) for batch in client.epoch())
-    losses = []
-    for x, y in batches:
-        params, loss = sgd_step(model, params, x, y, hp.lr)
-        losses.append(loss)
-    if not losses:
+        batches = [index for _ in range(hp.local_epochs) for index in client.epoch_index()]
+    if not batches:
         raise ValueError(f"client {client.cid}: local training took no step (local_epochs=0?)")
-    return params, torch.stack(losses).mean()
+    return {"train": batches}
+
+
+def local_sgd(model: nn.Module, params: Params, batches: dict, masks: dict, lr: float) -> tuple[Params, torch.Tensor]:
+    """Plain SGD from ``params`` over the plan's ``train`` batches; returns (params, mean loss)."""
+    xs, ys = batches["train"]
+    mask = masks.get("train")
+    losses = []
+    for step in range(len(xs)):
+        new, loss = sgd_step(model, params, xs[step], ys[step], lr)
+        params = masked_update(mask, step, new, params)
+        losses.append(loss)
+    return params, masked_mean(losses, mask)

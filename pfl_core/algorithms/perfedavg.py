@@ -31,7 +31,7 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, batch_loss, gradients
+from pfl_core.training import Params, batch_loss, gradients, in_transform
 
 
 @dataclass
@@ -80,6 +80,9 @@ def hessian_vector_product(model: nn.Module, params: Params, x, y, v: Params,
         return {k: (plus[k] - minus[k]) / (2 * delta) for k in params}
     if mode != "exact":
         raise ValueError(f"unknown hvp mode {mode!r}")
+    if in_transform():  # batched path: forward-over-reverse, exact as well
+        grad_fn = torch.func.grad(lambda p: batch_loss(model, p, x, y))
+        return torch.func.jvp(grad_fn, (dict(params),), ({k: v[k] for k in params},))[1]
     leaves = {k: p.detach().requires_grad_(True) for k, p in params.items()}
     grads = torch.autograd.grad(batch_loss(model, leaves, x, y), list(leaves.values()), create_graph=True)
     dot = sum((g * v[k]).sum() for k, g in zip(leaves, grads))
@@ -92,28 +95,44 @@ class PerFedAvg(Algorithm):
     hyper_class = PerFedAvgHyper
     finetune_at_eval = True
 
-    def meta_step(self, theta: Params, client: ClientContext) -> tuple[Params, torch.Tensor]:
+    def meta_step(self, theta: Params, b1: tuple, b2: tuple, b3: tuple | None) -> tuple[Params, torch.Tensor]:
         """One Per-FedAvg iteration (steps 1-3 above); returns the new theta and l(theta~; b2)."""
         hp = self.hp
-        g0, _ = gradients(self.model, theta, *client.next_batch())
+        g0, _ = gradients(self.model, theta, *b1)
         tilde = {k: p - hp.alpha * g0[k] for k, p in theta.items()}
-        g1, loss = gradients(self.model, tilde, *client.next_batch())
+        g1, loss = gradients(self.model, tilde, *b2)
         if hp.variant == "fo":
             return {k: p - hp.beta * g1[k] for k, p in theta.items()}, loss
-        hv = hessian_vector_product(self.model, theta, *client.next_batch(), g1, hp.hvp, hp.fd_delta)
+        hv = hessian_vector_product(self.model, theta, *b3, g1, hp.hvp, hp.fd_delta)
         return {k: p - hp.beta * g1[k] + hp.beta * hp.alpha * hv[k] for k, p in theta.items()}, loss
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        """S iterations from the global model; the reported loss is the mean of l(theta~; b2) (the
-        code logs the loss on its extra batch instead, which is never computed here)."""
-        theta, losses = server["params"], []
+    # -- the client program: S iterations from the global model -----------------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        return {"params": server["params"]}
+
+    def draw(self, client: ClientContext, round_idx: int):
+        """Per iteration: b1, b2, b3 (``hf`` only), then the code's logging batch (skipped)."""
+        plan = {"b1": [], "b2": [], "b3": []}
         for _ in range(self.hp.local_steps):
-            theta, loss = self.meta_step(theta, client)
-            losses.append(loss)
+            for name in ("b1", "b2", "b3") if self.hp.variant == "hf" else ("b1", "b2"):
+                plan[name].append(client.next_index())
             if self.hp.skip_logging_batch:
-                client.streams["train"].next()
-        theta = {k: p.detach() for k, p in theta.items()}
-        return ClientUpdate(theta, client.num_samples("train"), torch.stack(losses).mean())
+                client.next_index()
+        return plan
+
+    def local_update(self, carry, batches, masks):
+        """The reported loss is the mean of l(theta~; b2) (the code logs the loss on its extra
+        batch instead, which is never computed here)."""
+        theta, losses = carry["params"], []
+        (x1, y1), (x2, y2), (x3, y3) = batches["b1"], batches["b2"], batches["b3"]
+        for i in range(len(x1)):
+            b3 = (x3[i], y3[i]) if self.hp.variant == "hf" else None
+            theta, loss = self.meta_step(theta, (x1[i], y1[i]), (x2[i], y2[i]), b3)
+            losses.append(loss)
+        return {"params": theta}, torch.stack(losses).mean()
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        return ClientUpdate(carry["params"], client.num_samples("train"), loss)
 
 
 @dataclass

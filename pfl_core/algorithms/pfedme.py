@@ -189,6 +189,7 @@ class PFedMe(Algorithm):
     """pFedMe; uploads w_{i,R}, evaluates theta_i (or w_i with ``predictor="local"``)."""
 
     hyper_class = PFedMeHyper
+    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
         hp = self.hp

@@ -1,0 +1,99 @@
+"""Running the sampled clients of a round: one at a time, or vmapped over stacks of clients.
+
+A method that writes its client update as a *program* (DESIGN.md, "Performance"; the init / step /
+final split of FedJAX) gets both paths from the one definition:
+
+* :meth:`Algorithm.carry_in` (host side): the client's start values from the server state and its
+  own persistent state (parameters, optimiser moments, ...), a pytree of tensors;
+* :meth:`Algorithm.draw` (host side): the index batches it consumes this round, in order;
+* :meth:`Algorithm.local_update`: a pure tensor function ``(carry, batches, masks) -> (carry,
+  loss)`` - called on one client by the sequential path, vmapped over a stack by the batched path;
+* :meth:`Algorithm.carry_out` (host side): writes the client's state, returns its upload.
+
+``sequential`` runs every client alone (the reference). ``batched`` groups the round's clients
+into buckets of equal plan shape (:mod:`pfl_core.engine.plans`) and runs each bucket of two or more
+clients as one ``torch.func.vmap`` call; a bucket of one runs as in the sequential path. Several
+runs (the seeds of a cell) can pass their clients together: :meth:`Executor.run_many`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from torch.func import vmap
+
+from pfl_core.engine.plans import Plan, gather, make_buckets
+from pfl_core.engine.trees import stack_trees, unstack_tree
+
+if TYPE_CHECKING:
+    from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
+
+EXECUTIONS = ("sequential", "batched")
+
+
+@dataclass
+class WorkItem:
+    """One sampled client of one run in one round."""
+
+    algorithm: "Algorithm"
+    server: "ServerState"
+    client: "ClientContext"
+    round_idx: int
+
+
+def run_program(algorithm: "Algorithm", server, client, round_idx: int) -> "ClientUpdate":
+    """The sequential path of a program: one client, no vmap."""
+    carry = algorithm.carry_in(server, client, round_idx)
+    plan = algorithm.draw(client, round_idx)
+    bucket = make_buckets([plan], (), 0.0)[0]
+    batches, masks = gather([client.dataset], [plan], bucket, stacked=False)
+    out, loss = algorithm.local_update(carry, batches, masks)
+    return algorithm.carry_out(server, client, out, loss)
+
+
+class Executor:
+    """Runs work items and returns their updates in order.
+
+    Args:
+        execution: ``sequential`` or ``batched``.
+        pad_tolerance: batched path only; clients whose maskable streams differ only in their
+            number of batches share a vmap call when the padded work stays within
+            ``1 + pad_tolerance`` of the real work (0: equal step counts only, no wasted compute).
+    """
+
+    def __init__(self, execution: str = "batched", pad_tolerance: float = 0.0):
+        if execution not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        self.execution = execution
+        self.pad_tolerance = pad_tolerance
+
+    def uses_batched(self, algorithm: "Algorithm") -> bool:
+        return self.execution == "batched" and algorithm.batched_fallback is None
+
+    def run(self, algorithm: "Algorithm", server, clients: list["ClientContext"], round_idx: int) -> list["ClientUpdate"]:
+        return self.run_many([WorkItem(algorithm, server, c, round_idx) for c in clients])
+
+    def run_many(self, items: list[WorkItem]) -> list["ClientUpdate"]:
+        """Updates of ``items`` (possibly from several runs of one cell) in their order."""
+        if not items:
+            return []
+        head = items[0].algorithm
+        if not self.uses_batched(head):
+            return [i.algorithm.client_update(i.server, i.client, i.round_idx) for i in items]
+        if any(type(i.algorithm) is not type(head) or i.algorithm.hp != head.hp for i in items):
+            raise ValueError("run_many needs one method with one set of hyperparameters")
+        carries = [i.algorithm.carry_in(i.server, i.client, i.round_idx) for i in items]
+        plans = [i.algorithm.draw(i.client, i.round_idx) for i in items]
+        outputs: list = [None] * len(items)
+        for bucket in make_buckets(plans, head.maskable_streams, self.pad_tolerance):
+            stacked = len(bucket.members) > 1
+            batches, masks = gather([i.client.dataset for i in items], plans, bucket, stacked)
+            if not stacked:
+                k = bucket.members[0]
+                outputs[k] = head.local_update(carries[k], batches, masks)
+                continue
+            carry, dims = stack_trees([carries[k] for k in bucket.members])
+            out, loss = vmap(head.local_update, in_dims=(dims, 0, 0))(carry, batches, masks)
+            for k, (o, l) in zip(bucket.members, zip(unstack_tree(out, len(bucket.members)), loss)):
+                outputs[k] = (o, l)
+        return [i.algorithm.carry_out(i.server, i.client, *outputs[k]) for k, i in enumerate(items)]

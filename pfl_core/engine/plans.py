@@ -1,0 +1,118 @@
+"""Batch plans: the index batches a client consumes in a round, drawn on the host before any compute.
+
+A method's :meth:`~pfl_core.algorithms.base.Algorithm.draw` returns ``{stream name: [index batch,
+...]}`` in the order the sequential code consumed them, so both execution paths use exactly the
+same batches and the same random numbers. The engine groups clients whose plans have the same
+shape into buckets, pads a bucket's step counts where the method allows it (with a mask), and
+gathers every batch of every client of a bucket with one indexing of the resident dataset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pfl_core.data.federated import ArrayDataset
+
+Plan = dict[str, list[torch.Tensor]]
+
+
+def batch_sizes(plan: Plan) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(int(b.numel()) for b in batches) for name, batches in plan.items()}
+
+
+def uniform_size(sizes: tuple[int, ...]) -> int | None:
+    """The common batch size of a stream, or None when its batches differ in size."""
+    return sizes[0] if sizes and all(s == sizes[0] for s in sizes) else None
+
+
+@dataclass
+class Bucket:
+    """Clients (positions in the round's list) run together, with per-stream step counts."""
+
+    members: list[int]
+    steps: dict[str, int]
+    """Padded number of batches per stream."""
+    padded: frozenset[str] = frozenset()
+    """Streams whose step counts differ within the bucket (masked)."""
+
+
+def make_buckets(plans: list[Plan], maskable: tuple[str, ...], pad_tolerance: float) -> list[Bucket]:
+    """Group clients with identical plan shapes; with ``pad_tolerance`` > 0, also clients whose
+    ``maskable`` streams differ only in their number of batches, as long as the padded work stays
+    within ``(1 + pad_tolerance)`` of the real work of the bucket."""
+    exact: dict[tuple, list[int]] = {}
+    for i, plan in enumerate(plans):
+        sizes = batch_sizes(plan)
+        key = tuple(sorted(
+            (name, ("pad", uniform_size(s)) if name in maskable and uniform_size(s) and pad_tolerance > 0 else s)
+            for name, s in sizes.items()))
+        exact.setdefault(key, []).append(i)
+    buckets = []
+    for members in exact.values():
+        counts = [{name: len(b) for name, b in plans[i].items()} for i in members]
+        order = sorted(range(len(members)), key=lambda j: -sum(counts[j].values()))
+        current: list[int] = []
+        for j in order:
+            trial = current + [j]
+            padded = len(trial) * sum(max(counts[k][n] for k in trial) for n in counts[j])
+            real = sum(sum(counts[k].values()) for k in trial)
+            if current and padded > (1 + pad_tolerance) * real:
+                buckets.append(_bucket([members[k] for k in current], [counts[k] for k in current]))
+                trial = [j]
+            current = trial
+        buckets.append(_bucket([members[k] for k in current], [counts[k] for k in current]))
+    return buckets
+
+
+def _bucket(members: list[int], counts: list[dict[str, int]]) -> Bucket:
+    steps = {name: max(c[name] for c in counts) for name in counts[0]}
+    padded = frozenset(name for name in steps if any(c[name] != steps[name] for c in counts))
+    return Bucket(members, steps, padded)
+
+
+def _same_data(a: ArrayDataset, b: ArrayDataset) -> bool:
+    return a is b or (a.x is b.x and a.y is b.y and a.mean is b.mean and a.std is b.std)
+
+
+def _rows(datasets: list[ArrayDataset], index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``index[k]`` of ``datasets[k]`` (``[clients, ...]`` indices); one indexing when the
+    clients share their data (the clients of one run, or seeds without subsampling)."""
+    if all(_same_data(d, datasets[0]) for d in datasets[1:]):
+        x, y = datasets[0].batch(index.reshape(-1))
+        return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
+    parts = [d.batch(i) for d, i in zip(datasets, index)]
+    return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
+
+
+def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stacked: bool):
+    """The bucket's batches as ``{stream: (xs, ys)}`` plus ``{stream: mask}`` for padded streams;
+    ``datasets[i]`` holds the data of ``plans[i]``.
+
+    ``stacked``: tensors ``[clients, steps, B, ...]`` (vmapped). Otherwise one client's batches:
+    ``[steps, B, ...]`` tensors when its batches share a size, else lists of batches.
+    """
+    batches, masks = {}, {}
+    members = [datasets[i] for i in bucket.members]
+    for name, steps in bucket.steps.items():
+        rows = []
+        for i in bucket.members:
+            own = plans[i][name]
+            rows.append(own + [own[-1]] * (steps - len(own)) if own else own)
+        if steps == 0:
+            batches[name] = ([], [])
+            continue
+        if uniform_size(tuple(int(b.numel()) for b in rows[0])) is None:
+            # batches of unequal sizes (bucketed by identical size sequences): one tensor per step
+            per_step = [_rows(members, torch.stack(column)) for column in zip(*rows)]
+            xs, ys = [x for x, _ in per_step], [y for _, y in per_step]
+            batches[name] = (xs, ys) if stacked else ([x[0] for x in xs], [y[0] for y in ys])
+            continue
+        index = torch.stack([torch.stack(r) for r in rows])  # [clients, steps, B]
+        x, y = _rows(members, index)
+        batches[name] = (x, y) if stacked else (x[0], y[0])
+        if name in bucket.padded:
+            lengths = torch.tensor([len(plans[i][name]) for i in bucket.members], device=index.device)
+            mask = torch.arange(steps, device=index.device).unsqueeze(0) < lengths.unsqueeze(1)
+            masks[name] = mask if stacked else mask[0]
+    return batches, masks
