@@ -1,0 +1,178 @@
+"""The batched path gives the sequential path's numbers (DESIGN.md, "Performance"; issue 10).
+
+Every method with a client program is run twice on the same data, seed and batches - clients one
+at a time, then vmapped over stacks - in float64, and the server state, every client's
+persistent state, the per-round losses and the final evaluation must agree to float tolerance.
+The clients have equal train sizes so that the batched path really stacks them (a test below
+checks that it does), plus one run with unequal sizes and padding.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from pfl_core.algorithms import METHODS
+from pfl_core.config import FederationConfig
+from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+from pfl_core.engine import Executor
+from pfl_core.engine.plans import make_buckets
+from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.federation import run_federation
+from pfl_core.models.cafeme import ModulatedCNN
+from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
+from pfl_core.seeding import RunStreams
+from pfl_core.training import model_params
+
+# float64: a real mismatch is O(lr); Adam on the (mathematically zero) gradient of a bias before a
+# BatchNorm turns 1e-17 noise into O(lr) steps in either path, hence the absolute slack
+TOL = dict(rtol=1e-6, atol=1e-8)
+
+
+def flat_federation(sizes, features=6, classes=3, test=4, seed=0) -> FederatedData:
+    """float64 features; client k holds ``sizes[k]`` train and ``test`` test samples."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes) + test * len(sizes)
+    x = torch.randn(total, features, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (total,), generator=gen)
+    return _federation(ArrayDataset("flat", x, y, classes), sizes, test)
+
+
+def image_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes) + test * len(sizes)
+    x = torch.rand(total, 1, 6, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (total,), generator=gen)
+    return _federation(ArrayDataset("img", x, y, classes), sizes, test)
+
+
+def _federation(dataset, sizes, test) -> FederatedData:
+    clients, start = [], 0
+    for cid, n in enumerate(sizes):
+        clients.append(Client(cid, {"train": torch.arange(start, start + n),
+                                    "test": torch.arange(start + n, start + n + test)}))
+        start += n + test
+    return FederatedData(dataset, clients, list(range(len(sizes))))
+
+
+def dnn(features=6, classes=3):
+    return nn.Sequential(nn.Flatten(), nn.Linear(features, 5), nn.ReLU(), nn.Linear(5, classes))
+
+
+def tiny_cnn(classes=3):
+    """conv -> BN (batch statistics) -> ReLU -> pool, dense block, output: BaseCNN's shape."""
+    return BaseCNN(nn.Sequential(conv_block(1, 4, 3, 1)), nn.Sequential(dense_block(36, 8), nn.Linear(8, classes)))
+
+
+def tiny_modulated(classes=3):
+    trunk = nn.Sequential(conv_block(1, 4, 3, 1))
+    return ModulatedCNN(tiny_cnn(classes), trunk, [36, 6], classes)
+
+
+# method, hyperparameters, model factory, data factory
+CASES = {
+    "fedavg-steps": ("fedavg", {"lr": 0.3, "local_steps": 3}, dnn, flat_federation),
+    "fedavg-epochs": ("fedavg", {"lr": 0.3, "local_epochs": 2}, dnn, flat_federation),
+    "fedavg_ft": ("fedavg_ft", {"lr": 0.3, "local_steps": 2}, dnn, flat_federation),
+    "local": ("local", {"lr": 0.3, "local_steps": 2}, dnn, flat_federation),
+    "ifca": ("ifca", {"lr": 0.3, "local_epochs": 1, "num_clusters": 2}, dnn, flat_federation),
+    "ditto": ("ditto", {"lr": 0.2, "personal_steps": 2, "global_steps": 2, "global_lr": 0.05}, dnn, flat_federation),
+    "ditto-sgd-global-anchor": ("ditto", {"lr": 0.2, "personal_steps": 1, "global_steps": 2, "global_lr": 0.1,
+                                          "global_optimizer": "sgd", "anchor": "global"}, dnn, flat_federation),
+    "fedrep": ("fedrep", {"lr": 0.05, "head_steps": 2, "head_prefixes": ["fc."]}, tiny_cnn, image_federation),
+    "fedrep-personal-head": ("fedrep", {"lr": 0.05, "head_steps": 1, "personal_head": True,
+                                        "persist_optimizer": False, "head_prefixes": ["fc."]}, tiny_cnn,
+                             image_federation),
+    "perfedavg-hf-fd": ("perfedavg", {"local_steps": 2, "alpha": 0.1, "beta": 0.05}, dnn, flat_federation),
+    "perfedavg-hf-exact": ("perfedavg", {"local_steps": 2, "alpha": 0.1, "beta": 0.05, "hvp": "exact"}, dnn,
+                           flat_federation),
+    "perfedavg_fo": ("perfedavg_fo", {"local_steps": 2, "alpha": 0.1, "beta": 0.05}, dnn, flat_federation),
+    "cafeme-fo": ("cafeme", {"adapt_steps": 2, "query_batches": 2, "inner_lr": 0.1, "outer_lr": 0.01},
+                  tiny_modulated, image_federation),
+    "cafeme-so": ("cafeme", {"adapt_steps": 2, "query_batches": 2, "inner_lr": 0.1, "outer_lr": 0.01,
+                             "first_order": False}, tiny_modulated, image_federation),
+}
+
+
+def run_path(case, execution, sizes=(8, 8, 8, 8, 8), rounds=3, per_round=3, batch_size=4, pad_tolerance=0.0,
+             seed=0):
+    method, hp, model_fn, data_fn = case
+    fed = data_fn(sizes)
+    torch.manual_seed(seed)
+    model = model_fn().double()
+    cls = METHODS.get(method)
+    algorithm = cls(model, cls.hyper_class.from_dict(hp))
+    algorithm.seed = 11
+    cfg = FederationConfig(rounds=rounds, clients_per_round=per_round, batch_size=batch_size)
+    protocol = SeenClients(EvalConfig(steps=2, lr=0.1, reduction="sample"))
+    with warnings.catch_warnings():  # a missing vmap batching rule would silently loop per model
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        return run_federation(algorithm, fed, model_params(model), cfg, protocol, RunStreams(seed),
+                              executor=Executor(execution, pad_tolerance))
+
+
+def assert_same_run(a, b):
+    leaves_a, spec_a = tree_flatten((a.server, {c: x.state for c, x in a.contexts.items()}))
+    leaves_b, spec_b = tree_flatten((b.server, {c: x.state for c, x in b.contexts.items()}))
+    assert spec_a == spec_b
+    for x, y in zip(leaves_a, leaves_b):
+        if isinstance(x, torch.Tensor):
+            torch.testing.assert_close(y, x, **TOL)
+        else:
+            assert x == y
+    assert a.sampled == b.sampled
+    for ra, rb in zip(a.history, b.history):
+        assert ra.keys() == rb.keys()
+        for key in ra:
+            assert rb[key] == pytest.approx(ra[key], rel=1e-6, abs=1e-8), key
+    curves = lambda run: [acc for r in run.final.clients for acc in r.acc + r.loss]
+    assert curves(b) == pytest.approx(curves(a), rel=1e-6, abs=1e-8)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_batched_path_equals_sequential_path(name):
+    assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
+
+
+@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca"])
+def test_padded_stacks_of_unequal_clients_equal_the_sequential_path(name):
+    sizes = (8, 5, 12, 9, 4)  # 2, 1, 3, 2, 1 batches per epoch at batch size 4
+    sequential = run_path(CASES[name], "sequential", sizes=sizes, per_round=5)
+    padded = run_path(CASES[name], "batched", sizes=sizes, per_round=5, pad_tolerance=10.0)
+    assert_same_run(sequential, padded)
+
+
+def test_buckets_stack_equal_plans_and_pad_only_maskable_streams():
+    plan = lambda n, b=4: {"train": [torch.arange(b)] * n}
+    plans = [plan(2), plan(2), plan(3), plan(2, b=3)]
+    exact = make_buckets(plans, ("train",), 0.0)
+    assert sorted(b.members for b in exact) == [[0, 1], [2], [3]]
+    assert all(not b.padded for b in exact)
+    padded = make_buckets(plans, ("train",), 1.0)
+    assert sorted(b.members for b in padded) == [[2, 0, 1], [3]]
+    assert [b.padded for b in padded if len(b.members) == 3] == [frozenset({"train"})]
+    assert sorted(b.members for b in make_buckets(plans, (), 1.0)) == [[0, 1], [2], [3]]
+
+
+def test_the_batched_path_really_stacks_clients(monkeypatch):
+    """Equal clients of a round run as one vmap call, not one by one."""
+    import pfl_core.engine.executor as executor_module
+
+    calls = []
+    real = executor_module.vmap
+    monkeypatch.setattr(executor_module, "vmap", lambda fn, **kw: calls.append(kw) or real(fn, **kw))
+    run_path(CASES["fedavg-steps"], "batched", rounds=2, per_round=3)
+    assert len(calls) == 2  # one call per round for the three sampled clients
+
+
+def test_methods_without_a_program_fall_back_and_say_why():
+    unsupported = {name: METHODS.get(name).batched_fallback for name in METHODS.names()
+                   if METHODS.get(name).batched_fallback}
+    for name, reason in unsupported.items():
+        assert isinstance(reason, str) and reason, name
+    for name in ("fedavg", "fedavg_ft", "local", "ifca", "ifca_ft", "ditto", "fedrep", "perfedavg",
+                 "perfedavg_fo", "cafeme"):
+        assert METHODS.get(name).batched_fallback is None, name
