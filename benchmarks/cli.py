@@ -17,6 +17,20 @@ def _tracker(args):
     return Tracker(args.tracking_uri)
 
 
+def _executor(args):
+    """The executor of ``--executor local|ray`` and its options (run and tune)."""
+    from benchmarks.runner import LocalExecutor, RayExecutor
+
+    if args.executor == "local":
+        ray_only = {"--address": args.address, "--gpus-per-run": args.gpus_per_run, "--max-retries": args.max_retries}
+        given = [flag for flag, value in ray_only.items() if value is not None]
+        if given:
+            raise SuiteError(f"{', '.join(given)}: only with --executor ray")
+        return LocalExecutor(args.jobs, args.threads)
+    return RayExecutor(args.jobs, args.threads, address=args.address, gpus_per_run=args.gpus_per_run,
+                       max_retries=2 if args.max_retries is None else args.max_retries, device=args.device)
+
+
 def cmd_run(args) -> int:
     suite = load_suite(args.suite)
     specs = suite.expand(args.profile, seeds=args.seeds, only=parse_only(args.only))
@@ -35,8 +49,8 @@ def cmd_run(args) -> int:
         print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
               f"profile={args.profile}, store={tracker.uri}")
         return 0
-    summary = run_sweep(suite, specs, tracker, jobs=args.jobs, device=args.device,
-                        data_dir=args.data_dir)
+    summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
+                        executor=_executor(args))
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.uri}")
@@ -87,7 +101,7 @@ def cmd_tune(args) -> int:
                        sampler_seed=args.sampler_seed, pruner=args.pruner, pruner_startup=args.pruner_startup,
                        device=args.device, data_dir=args.data_dir, tracking_uri=args.tracking_uri,
                        write=not args.no_write)
-    results = tune(args.suite, methods=args.method, cells=parse_only(args.cell), opts=opts)
+    results = tune(args.suite, methods=args.method, cells=parse_only(args.cell), opts=opts, executor=_executor(args))
     failed = 0
     for r in results:
         counts = f"{r.n_complete} complete, {r.n_pruned} pruned, {r.n_failed} failed"
@@ -123,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pflbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
+    def executor_args(p, jobs_help):
+        p.add_argument("--jobs", type=int, default=1, help=jobs_help)
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch threads per worker (default: CPU cores // --jobs; one run in this process: "
+                            "torch's default; a Ray cluster run: 1)")
+        p.add_argument("--executor", choices=["local", "ray"], default="local",
+                       help="local: this process or --jobs worker processes (default); ray: Ray tasks")
+        p.add_argument("--address", default=None,
+                       help="Ray: the cluster to connect to (e.g. auto, HEAD:6379); default: start a local "
+                            "Ray instance of --jobs x --threads CPUs and shut it down at the end")
+        p.add_argument("--gpus-per-run", type=float, default=None, metavar="F",
+                       help="Ray: GPU fraction each run reserves, e.g. 0.25 packs four runs per GPU "
+                            "(default: 0 with --device cpu or no GPU in the cluster, else 1)")
+        p.add_argument("--max-retries", type=int, default=None,
+                       help="Ray: re-runs of a task whose worker died (default 2), then FAILED")
+
     def store_args(p):
         p.add_argument("--tracking-uri", default=None,
                        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)")
@@ -134,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=int, nargs="+", default=None, help="override the profile's seeds")
     run.add_argument("--only", action="append", metavar="AXIS=LABEL[,LABEL]",
                      help="restrict to cells whose AXIS has one of the labels (repeatable)")
-    run.add_argument("--jobs", type=int, default=1, help="parallel worker processes (default 1)")
+    executor_args(run, "parallel worker processes, also packed on one GPU (default 1); with --executor ray "
+                       "and no --address: the runs a local Ray instance runs at once")
     run.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     run.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
@@ -164,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--timeout", type=float, default=None, help="seconds per worker for this call")
     tune.add_argument("--storage", default=None,
                       help="Optuna RDB URL (default sqlite:///results/optuna.db; postgresql://... for many workers)")
-    tune.add_argument("--jobs", type=int, default=1, help="worker processes sharing the storage (default 1)")
+    executor_args(tune, "workers sharing the storage, each running its share of the trials (default 1): "
+                        "processes, or Ray tasks with --executor ray")
     tune.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001],
                       help="tuning seeds, disjoint from the suite's seeds (default 1000 1001)")
     tune.add_argument("--validation-fraction", type=float, default=0.2,

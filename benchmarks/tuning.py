@@ -31,7 +31,11 @@ Budget and resume
 Storage and workers
     ``sqlite:///results/optuna.db`` by default; ``--storage`` takes any Optuna RDB URL (PostgreSQL)
     for several workers on several machines. ``--jobs N`` starts N worker processes (not threads:
-    the GIL and torch's own threads) that share the storage and split the remaining trials.
+    the GIL and torch's own threads) that share the storage and split the remaining trials;
+    ``--executor ray`` makes them N Ray tasks (:class:`benchmarks.runner.RayExecutor`), each opening
+    the study by name from the storage URL, so a cluster needs a database server every node reaches
+    (PostgreSQL), not a SQLite file. Ray workers write no MLflow: the parent logs each finished trial
+    that has no MLflow run yet when a worker ends.
 Tracking
     Every trial is an MLflow run of experiment ``<suite key>/tuning``, tagged ``study``, ``trial``,
     ``state``, ``value``, ``params`` (JSON), ``cell``, ``method``, ``profile`` and, when it failed,
@@ -49,10 +53,8 @@ import datetime as _dt
 import fcntl
 import json
 import math
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -389,8 +391,9 @@ class TrialLogger:
 
 # -- running a study --------------------------------------------------------------------------------
 def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name: str, storage: str,
-              n_trials: int, offset: int, threads: int | None = None) -> None:
-    """One worker: load the study and run ``n_trials`` trials (also the body of --jobs workers)."""
+              n_trials: int, offset: int, threads: int | None = None, log: bool = True) -> None:
+    """One worker: load the study and run ``n_trials`` trials (also the body of --jobs workers and
+    of Ray tasks, which do not ``log`` to MLflow: the parent logs their trials)."""
     if threads:
         import torch
 
@@ -399,13 +402,26 @@ def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name:
     suite = load_suite(suite_path)
     objective = Objective(suite, cell, method, opts)
     study = _load_study(name, storage, opts, len(opts.seeds) * objective.rounds, offset)
-    logger = TrialLogger(suite, cell, method, opts, storage, objective.describe())
-    study.optimize(objective, n_trials=n_trials, timeout=opts.timeout, catch=(Exception,), callbacks=[logger])
+    callbacks = [TrialLogger(suite, cell, method, opts, storage, objective.describe())] if log else []
+    study.optimize(objective, n_trials=n_trials, timeout=opts.timeout, catch=(Exception,), callbacks=callbacks)
 
 
-def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions) -> StudyResult:
+def log_unlogged_trials(name: str, storage: str, logger: TrialLogger) -> None:
+    """Log every finished trial of the study that has no MLflow run yet (Ray workers write no MLflow)."""
+    from benchmarks.tracking import Tracker
+
+    runs = Tracker(logger.uri).runs(f"{logger.suite_key}/tuning", status=None)
+    logged = {r.data.tags.get("trial") for r in runs if r.data.tags.get("study") == name}
+    study = optuna.load_study(study_name=name, storage=storage)
+    for trial in study.get_trials(deepcopy=False, states=FINISHED):
+        if str(trial.number) not in logged:
+            logger(study, trial)
+
+
+def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions, executor=None) -> StudyResult:
     """Create or resume the study of (suite, cell, method, profile), run the trials its budget
-    still lacks, and write the best parameters to the suite's tuned file."""
+    still lacks, and write the best parameters to the suite's tuned file. ``executor``
+    (:mod:`benchmarks.runner`) runs the workers; default ``LocalExecutor(opts.jobs)``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = opts.storage or default_storage()
     cid = cell_id(cell)
@@ -442,19 +458,24 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
 
         # the MLflow store and experiment exist before any worker logs (no migration race)
         Tracker(opts.tracking_uri).experiment_id(f"{suite.key}/tuning")
-        if opts.jobs <= 1:
-            _optimize(str(suite.path), cell, method, opts, name, storage, remaining, done)
+        from benchmarks.runner import LocalExecutor
+
+        executor = executor or LocalExecutor(opts.jobs)
+        if executor.in_process:
+            _optimize(str(suite.path), cell, method, opts, name, storage, remaining, done, executor.threads)
         else:
             jobs = min(opts.jobs, remaining)
             shares = [remaining // jobs + (1 if k < remaining % jobs else 0) for k in range(jobs)]
-            threads = max(1, (os.cpu_count() or 1) // jobs)
-            worker_opts = TuneOptions(**{**asdict(opts), "echo": print})
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                futures = [pool.submit(_optimize, str(suite.path), cell, method, worker_opts, name, storage,
-                                       share, done + 7919 * (k + 1), threads) for k, share in enumerate(shares)]
-                for future in futures:
-                    future.result()
+            # Ray workers may run elsewhere: an absolute suite path, and the parent logs their trials
+            worker_opts = TuneOptions(**{**asdict(opts), "echo": None if executor.remote else print})
+            logger = TrialLogger(suite, cell, method, opts, storage, describe) if executor.remote else None
+            calls = [(str(suite.path.resolve()), cell, method, worker_opts, name, storage, share,
+                      done + 7919 * (k + 1), executor.threads, not executor.remote) for k, share in enumerate(shares)]
+            for _, _, error in executor.map(_optimize, calls):
+                if logger:
+                    log_unlogged_trials(name, storage, logger)
+                if error is not None:
+                    raise error
     study = _load_study(name, storage, opts, 1, 0)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     result = StudyResult(name, cell, method, states.count(optuna.trial.TrialState.COMPLETE),
@@ -484,7 +505,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
 
 
 def tune(suite_path: str | Path, methods: list[str] | None = None, cells: dict[str, list[str]] | None = None,
-         opts: TuneOptions | None = None) -> list[StudyResult]:
+         opts: TuneOptions | None = None, executor=None) -> list[StudyResult]:
     """Tune every selected (cell, method) of a suite, one study each, with the same budget."""
     opts = opts or TuneOptions()
     opts.seeds = tuple(int(s) for s in opts.seeds)
@@ -494,7 +515,8 @@ def tune(suite_path: str | Path, methods: list[str] | None = None, cells: dict[s
     suite._profile(opts.profile)
     check_seeds(suite, opts.seeds)
     make_sampler(opts), make_pruner(opts, 1)
-    return [tune_cell(suite, cell, method, opts) for cell, method in select(suite, methods, cells, opts.profile)]
+    return [tune_cell(suite, cell, method, opts, executor)
+            for cell, method in select(suite, methods, cells, opts.profile)]
 
 
 # -- the tuned-parameters file --------------------------------------------------------------------
