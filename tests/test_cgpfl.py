@@ -167,7 +167,7 @@ def test_apfl_step_matches_hand_computation():
     v = {k: p + 0.3 * torch.randn_like(p) for k, p in w.items()}
     x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
     alpha, lr = 0.4, 0.1
-    new_w, new_v, new_alpha, _ = apfl_step(model, w, v, alpha, x, y, lr, lr)
+    new_w, new_v, new_alpha, _ = apfl_step(model, w, v, torch.tensor(alpha, dtype=torch.float64), x, y, lr, lr)
     W, b, V, c = w["1.weight"], w["1.bias"], v["1.weight"], v["1.bias"]
     gW, gb = _mlr_grad(W, b, x, y)
     Mb, mb = alpha * V + (1 - alpha) * W, alpha * c + (1 - alpha) * b

@@ -16,6 +16,8 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.algorithms.l2sgd import coin_counts
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
@@ -72,6 +74,9 @@ def tiny_modulated(classes=3):
     return ModulatedCNN(tiny_cnn(classes), trunk, [36, 6], classes)
 
 
+#: pFedMe / CGPFL local training: R = 2 local rounds of K = 2 inner steps
+PROX = {"lr": 0.05, "personal_lr": 0.1, "lam": 5.0, "inner_steps": 2, "local_rounds": 2}
+
 # method, hyperparameters, model factory, data factory
 CASES = {
     "fedavg-steps": ("fedavg", {"lr": 0.3, "local_steps": 3}, dnn, flat_federation),
@@ -94,6 +99,19 @@ CASES = {
                   tiny_modulated, image_federation),
     "cafeme-so": ("cafeme", {"adapt_steps": 2, "query_batches": 2, "inner_lr": 0.1, "outer_lr": 0.01,
                              "first_order": False}, tiny_modulated, image_federation),
+    "pfedme": ("pfedme", {**PROX, "beta": 1.0}, dnn, flat_federation),
+    "pfedme-local-predictor": ("pfedme", {**PROX, "beta": 2.0, "hidden_l2": 0.001, "predictor": "local",
+                                          "weighting": "uniform"}, dnn, flat_federation),
+    "cgpfl": ("cgpfl", {**PROX, "num_clusters": 2}, dnn, flat_federation),
+    "cgpfl-literal": ("cgpfl", {**PROX, "num_clusters": 2, "alpha": 0.5, "omega_update": "paper_literal"}, dnn,
+                      flat_federation),
+    # 3 uploads per round: max_clusters lifts K_max above N/2 = 1; this mu picks K = 2 (checked below)
+    "cgpfl_heur": ("cgpfl_heur", {**PROX, "mu": 100.0, "max_clusters": 2}, dnn, flat_federation),
+    "apfl": ("apfl", {"lr": 0.2, "local_steps": 3}, dnn, flat_federation),
+    "apfl-fixed-alpha": ("apfl", {"lr": 0.2, "local_steps": 2, "adaptive_alpha": False, "mix_with": "local"}, dnn,
+                         flat_federation),
+    # the run's coin flips (seed 11): L = 0 (loss only), 2, then 1 local steps
+    "l2sgd": ("l2sgd", {"lr": 0.1, "lam": 1.0, "p": 0.3}, dnn, flat_federation),
 }
 
 
@@ -168,11 +186,25 @@ def test_the_batched_path_really_stacks_clients(monkeypatch):
     assert len(calls) == 2  # one call per round for the three sampled clients
 
 
-def test_methods_without_a_program_fall_back_and_say_why():
-    unsupported = {name: METHODS.get(name).batched_fallback for name in METHODS.names()
-                   if METHODS.get(name).batched_fallback}
-    for name, reason in unsupported.items():
-        assert isinstance(reason, str) and reason, name
-    for name in ("fedavg", "fedavg_ft", "local", "ifca", "ifca_ft", "ditto", "fedrep", "perfedavg",
-                 "perfedavg_fo", "cafeme"):
-        assert METHODS.get(name).batched_fallback is None, name
+def test_every_registered_method_is_a_client_program():
+    """No registered method needs the sequential fallback: each writes its round as a program
+    (none overrides client_update), and CASES runs each one (ifca_ft is IFCA's program)."""
+    for name in METHODS.names():
+        cls = METHODS.get(name)
+        assert cls.batched_fallback is None, name
+        assert cls.client_update is Algorithm.client_update, name
+        assert cls.local_update is not Algorithm.local_update, name
+    assert set(METHODS.names()) - {case[0] for case in CASES.values()} <= {"ifca_ft"}
+
+
+def test_a_fallback_reason_sends_a_method_to_the_sequential_path():
+    fedavg = METHODS.get("fedavg")
+    no_program = type("NoProgram", (fedavg,), {"batched_fallback": "not written as a program"})
+    model, hp = dnn().double(), fedavg.hyper_class()
+    assert Executor("batched").uses_batched(fedavg(model, hp))
+    assert not Executor("batched").uses_batched(no_program(model, hp))
+
+
+def test_the_cases_reach_cgpfl_heur_contexts_and_l2sgd_rounds_without_local_steps():
+    assert run_path(CASES["cgpfl_heur"], "sequential", rounds=1).server["num_clusters"] == 2
+    assert [coin_counts((11, 0), t, 0.3)[0] for t in range(3)] == [0, 2, 1]  # run_path's seed is 11

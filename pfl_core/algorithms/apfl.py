@@ -27,7 +27,8 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, average_params, clone_params, gradients
+from pfl_core.engine.plans import Plan
+from pfl_core.training import Params, gradients
 
 
 @dataclass
@@ -56,15 +57,19 @@ class APFLHyper(HyperParams):
             raise ValueError("local_steps must be >= 1")
 
 
-def mixture(v: Params, w: Params, alpha: float) -> Params:
+def mixture(v: Params, w: Params, alpha: torch.Tensor) -> Params:
     """``alpha v + (1 - alpha) w``."""
     with torch.no_grad():
         return {k: alpha * v[k] + (1.0 - alpha) * w[k] for k in v}
 
 
-def apfl_step(model, w: Params, v: Params, alpha: float, x, y, lr: float, alpha_lr: float,
-              adaptive: bool = True) -> tuple[Params, Params, float, torch.Tensor]:
-    """One simultaneous APFL local step on batch (x, y); returns (w, v, alpha, loss at v_bar)."""
+def apfl_step(model, w: Params, v: Params, alpha: torch.Tensor, x, y, lr: float, alpha_lr: float,
+              adaptive: bool = True) -> tuple[Params, Params, torch.Tensor, torch.Tensor]:
+    """One simultaneous APFL local step on batch (x, y); returns (w, v, alpha, loss at v_bar).
+
+    ``alpha`` is a float64 0-d tensor (the reference code kept a Python float): the inner product
+    is summed per parameter tensor in its dtype and accumulated in float64, and the clip is a
+    ``torch.clamp`` - the same numbers, with no host sync (it runs under ``vmap``)."""
     grad_w, _ = gradients(model, w, x, y)
     v_bar = mixture(v, w, alpha)
     grad_bar, loss = gradients(model, v_bar, x, y)
@@ -72,8 +77,8 @@ def apfl_step(model, w: Params, v: Params, alpha: float, x, y, lr: float, alpha_
         new_w = {k: w[k] - lr * grad_w[k] for k in w}
         new_v = {k: v[k] - lr * alpha * grad_bar[k] for k in v}
         if adaptive:
-            dot = sum(float(((v[k] - w[k]) * grad_bar[k]).sum()) for k in v)
-            alpha = min(1.0, max(0.0, alpha - alpha_lr * dot))
+            dot = sum(((v[k] - w[k]) * grad_bar[k]).sum().to(alpha.dtype) for k in v)
+            alpha = torch.clamp(alpha - alpha_lr * dot, 0.0, 1.0)
     return new_w, new_v, alpha, loss
 
 
@@ -82,23 +87,33 @@ class APFL(Algorithm):
     """APFL: uploads w_i, keeps v_i and alpha_i in ``client.state``; predicts with v_bar_i."""
 
     hyper_class = APFLHyper
-    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        hp = self.hp
+    # -- the client program: tau simultaneous steps on (w_i, v_i, alpha_i) ------------------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """w_i = the global model; v_i and alpha_i persist (v_i starts at the first model received)."""
         w = server["params"]
-        v = client.state.get("v")
-        if v is None:
-            v = clone_params(w)
-        alpha = client.state.get("alpha", hp.alpha_init)
+        alpha = client.state.get("alpha")
+        if alpha is None:
+            alpha = torch.tensor(self.hp.alpha_init, dtype=torch.float64, device=next(iter(w.values())).device)
+        return {"w": w, "v": client.state.get("v", w), "alpha": alpha}
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        return {"train": [client.next_index() for _ in range(self.hp.local_steps)]}
+
+    def local_update(self, carry, batches, masks):
+        hp = self.hp
+        w, v, alpha = carry["w"], carry["v"], carry["alpha"]
+        xs, ys = batches["train"]
         losses = []
-        for _ in range(hp.local_steps):
-            x, y = client.next_batch("train")
-            w, v, alpha, loss = apfl_step(self.model, w, v, alpha, x, y, hp.lr, hp.alpha_lr or hp.lr,
+        for step in range(len(xs)):
+            w, v, alpha, loss = apfl_step(self.model, w, v, alpha, xs[step], ys[step], hp.lr, hp.alpha_lr or hp.lr,
                                           hp.adaptive_alpha)
             losses.append(loss)
-        client.state.update(v=v, alpha=alpha, w=w)
-        return ClientUpdate(w, client.num_samples("train"), torch.stack(losses).mean())
+        return {"w": w, "v": v, "alpha": alpha}, torch.stack(losses).mean()
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        client.state.update(v=carry["v"], alpha=carry["alpha"], w=carry["w"])
+        return ClientUpdate(carry["w"], client.num_samples("train"), loss)
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         if "v" not in client.state:

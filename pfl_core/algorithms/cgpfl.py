@@ -55,7 +55,8 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
-from pfl_core.algorithms.pfedme import ProxHyper, mix, personal_predictor, prox_local_rounds
+from pfl_core.algorithms.pfedme import ProxHyper, mix, personal_predictor, prox_local_rounds, prox_plan
+from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, average_params, clone_params
 
 OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
@@ -232,7 +233,6 @@ class CGPFL(Algorithm):
     models; a diagnostic "global" model, also what a never-trained client predicts with)."""
 
     hyper_class = CGPFLHyper
-    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def init_server(self, params: Params) -> ServerState:
         k = self._initial_k()
@@ -243,15 +243,21 @@ class CGPFL(Algorithm):
     def _initial_k(self) -> int | None:
         return self.hp.num_clusters
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        hp = self.hp
+    # -- the client program: R local rounds from the client's context model (prox_local_rounds) ---
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """omega_{k(i)} (Algorithm 1 line 4) and theta_i (persists; starts at the first model received)."""
         anchor = server["centers"][server["assign"].get(client.cid, 0)]
-        w, _, loss = prox_local_rounds(
-            self.model, client, anchor, hp.local_rounds, hp.inner_steps, hp.personal_lr, hp.lam,
-            hp.pull_rate, hp.hidden_l2,
-        )
-        client.state["local"] = w
-        return ContextUpdate(w, client.num_samples("train"), loss, cid=client.cid)
+        return {"theta": client.state.get("theta", anchor), "w": anchor}
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        return prox_plan(client, self.hp)
+
+    def local_update(self, carry, batches, masks):
+        return prox_local_rounds(self.model, carry, batches["train"], self.hp)
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        client.state.update(theta=carry["theta"], local=carry["w"])
+        return ContextUpdate(carry["w"], client.num_samples("train"), loss, cid=client.cid)
 
     def _round_seed(self, round_idx: int) -> int:
         state = np.random.SeedSequence([self.seed, self.hp.kmeans_seed, round_idx]).generate_state(1)[0]

@@ -37,7 +37,8 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, batch_loss, clone_params, sgd_step
+from pfl_core.engine.plans import Plan
+from pfl_core.training import Params, batch_loss, sgd_step
 
 
 @dataclass
@@ -104,7 +105,6 @@ def coin_counts(seed: int | tuple[int, ...], round_idx: int, p: float, cap: int 
 @METHODS.register("l2sgd")
 class L2SGD(Algorithm):
     hyper_class = L2SGDHyper
-    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
     def init_server(self, params: Params) -> ServerState:
         return {"params": params, "round": -1, "keep": 1.0}
@@ -120,24 +120,34 @@ class L2SGD(Algorithm):
                 return {k: server["params"][k] + keep * (v - server["params"][k]) for k, v in x.items()}
         return x
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        hp = self.hp
+    # -- the client program: the round's L local steps (L common to all clients) -----------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """x_i with the last aggregation applied (host side); the global model if it never trained."""
         x = self._current(server, client)
-        if x is None:
-            x = clone_params(server["params"])
-        local, _ = coin_counts((self.seed, hp.coin_seed), round_idx, hp.p, hp.max_local_steps)
-        losses = []
-        for _ in range(local):
-            xb, yb = client.next_batch("train")
-            x, loss = sgd_step(self.model, x, xb, yb, hp.lr)
+        return {"x": server["params"] if x is None else x}
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        """``train``: the round's L batches (L from the common coin flips); ``loss``: with L = 0,
+        one batch on which the loss at x_i is reported (no step)."""
+        local, _ = coin_counts((self.seed, self.hp.coin_seed), round_idx, self.hp.p, self.hp.max_local_steps)
+        train = [client.next_index() for _ in range(local)]
+        return {"train": train, "loss": [] if train else [client.next_index()]}
+
+    def local_update(self, carry, batches, masks):
+        x, losses = carry["x"], []
+        xs, ys = batches["train"]
+        for step in range(len(xs)):
+            x, loss = sgd_step(self.model, x, xs[step], ys[step], self.hp.lr)
             losses.append(loss)
-        if not losses:
-            xb, yb = client.next_batch("train")
-            with torch.no_grad():
-                losses.append(batch_loss(self.model, x, xb, yb))
-        client.state["x"] = x
-        client.state["round"] = round_idx
-        return ClientUpdate(x, client.num_samples("train"), torch.stack(losses).mean())
+        xs, ys = batches["loss"]
+        with torch.no_grad():
+            losses += [batch_loss(self.model, x, xs[step], ys[step]) for step in range(len(xs))]
+        return {"x": x}, torch.stack(losses).mean()
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        """Keeps x_i and the round it enters (the next aggregation's round: ``_current`` applies it)."""
+        client.state.update(x=carry["x"], round=server["round"] + 1)
+        return ClientUpdate(carry["x"], client.num_samples("train"), loss)
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         x_bar = self.average_uploads(updates)

@@ -40,7 +40,8 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.training import Params, clone_params, gradients
+from pfl_core.engine.plans import Plan
+from pfl_core.training import Params, gradients
 
 PREDICTORS = ("theta", "local")
 
@@ -103,37 +104,28 @@ def pull_toward(w: Params, theta: Params, rate: float) -> Params:
         return {name: p - rate * (p - theta[name]) for name, p in w.items()}
 
 
-def prox_local_rounds(
-    model: nn.Module,
-    client: ClientContext,
-    anchor_start: Params,
-    rounds: int,
-    inner_steps: int,
-    personal_lr: float,
-    lam: float,
-    pull_rate: float,
-    hidden_l2: float = 0.0,
-) -> tuple[Params, Params, torch.Tensor]:
-    """R local rounds of (next batch; K_p inner steps on it; pull the anchor toward theta).
+def prox_plan(client: ClientContext, hp: ProxHyper) -> Plan:
+    """R train batches, one per local round (drawn from the cyclic stream in order)."""
+    return {"train": [client.next_index() for _ in range(hp.local_rounds)]}
 
-    The shared body of pFedMe's and CGPFL's client update (CGPFL Algorithm 1, lines 6-11). theta is
-    read from and written back to ``client.state["theta"]``. Returns (final anchor w_{i,R},
-    final theta, mean data loss).
+
+def prox_local_rounds(model: nn.Module, carry: dict, batches: tuple, hp: ProxHyper) -> tuple[dict, torch.Tensor]:
+    """R local rounds of (next batch; K_p inner steps on it; pull the anchor toward theta), from
+    ``carry = {"theta": theta_i, "w": w_{i,0}}`` over the R batches ``(xs, ys)``.
+
+    The shared body of pFedMe's and CGPFL's client program (CGPFL Algorithm 1, lines 6-11); a pure
+    tensor function (vmapped on the batched path). Returns ``{"theta", "w": w_{i,R}}`` and the mean
+    data loss.
     """
-    theta = client.state.get("theta")
-    if theta is None:
-        theta = clone_params(anchor_start)
-    w = anchor_start
+    theta, w = carry["theta"], carry["w"]
+    xs, ys = batches
     losses = []
-    for _ in range(rounds):
-        x, y = client.next_batch("train")  # one batch per local round, reused for all inner steps
-        theta, loss = moreau_inner_solve(model, theta, w, x, y, inner_steps, personal_lr, lam, hidden_l2)
-        w = pull_toward(w, theta, pull_rate)
+    for r in range(len(xs)):  # one batch per local round, reused for all inner steps
+        theta, loss = moreau_inner_solve(model, theta, w, xs[r], ys[r], hp.inner_steps, hp.personal_lr, hp.lam,
+                                         hp.hidden_l2)
+        w = pull_toward(w, theta, hp.pull_rate)
         losses.append(loss)
-    if not losses:
-        raise ValueError(f"client {client.cid}: local_rounds must be >= 1")
-    client.state["theta"] = theta
-    return w, theta, torch.stack(losses).mean()
+    return {"theta": theta, "w": w}, torch.stack(losses).mean()
 
 
 def mix(old: Params, new: Params, beta: float) -> Params:
@@ -173,6 +165,12 @@ class ProxHyper(HyperParams):
         if self.inner_steps < 1 or self.local_rounds < 1:
             raise ValueError("inner_steps and local_rounds must be >= 1")
 
+    @property
+    def pull_rate(self) -> float:
+        """The rate of the local-model step ``w <- w - rate*(w - theta)``: lr*lam (pFedMe paper,
+        Algorithm 1 line 8)."""
+        return self.lr * self.lam
+
 
 @dataclass
 class PFedMeHyper(ProxHyper):
@@ -189,16 +187,21 @@ class PFedMe(Algorithm):
     """pFedMe; uploads w_{i,R}, evaluates theta_i (or w_i with ``predictor="local"``)."""
 
     hyper_class = PFedMeHyper
-    batched_fallback = "not yet written as a client program (carry_in/draw/local_update/carry_out)"
 
-    def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
-        hp = self.hp
-        w, _, loss = prox_local_rounds(
-            self.model, client, server["params"], hp.local_rounds, hp.inner_steps,
-            hp.personal_lr, hp.lam, hp.lr * hp.lam, hp.hidden_l2,
-        )
-        client.state["local"] = w
-        return ClientUpdate(w, client.num_samples("train"), loss)
+    # -- the client program: R local rounds from the global model (prox_local_rounds) -------------
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+        """theta_i persists (never reset to w); it starts at the first model the client receives."""
+        return {"theta": client.state.get("theta", server["params"]), "w": server["params"]}
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        return prox_plan(client, self.hp)
+
+    def local_update(self, carry, batches, masks):
+        return prox_local_rounds(self.model, carry, batches["train"], self.hp)
+
+    def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
+        client.state.update(theta=carry["theta"], local=carry["w"])
+        return ClientUpdate(carry["w"], client.num_samples("train"), loss)
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         avg = self.average_uploads(updates)
