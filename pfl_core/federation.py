@@ -123,7 +123,7 @@ def run_federation(
         ids = protocol.client_ids(fed)
         states = {cid: ctx.state for cid, ctx in train_ctx.items()}
         eval_ctx = make_contexts(fed, ids, cfg, streams, "eval", eval_bs, states)
-        return protocol.evaluate(algorithm, server, eval_ctx)
+        return protocol.evaluate(algorithm, server, eval_ctx, executor)
 
     for round_idx in range(cfg.rounds):
         sampled = sampler.sample()
