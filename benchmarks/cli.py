@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.suite import SuiteError, load_suite, parse_only
+from pfl_core.experiment import EXECUTION_CHOICES
 
 SUITES_DIR = Path("suites")
 
@@ -50,7 +51,8 @@ def cmd_run(args) -> int:
               f"profile={args.profile}, store={tracker.uri}")
         return 0
     summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
-                        executor=_executor(args))
+                        executor=_executor(args), execution=args.execution,
+                        lockstep_seeds=args.lockstep_seeds)
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.uri}")
@@ -168,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
                        "and no --address: the runs a local Ray instance runs at once")
     run.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     run.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
+    run.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
+                     help="how clients are computed: batched (vmapped stacks of clients), sequential (one at a "
+                          "time, the reference) or auto (batched on a GPU, sequential on a CPU); never changes "
+                          "a number or the config hash")
+    run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
+                     help="run the seeds of each cell together in lockstep, their clients stacked on the "
+                          "batched path (one unit of work per cell for --jobs / Ray)")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from benchmarks.suite import RunSpec, Suite, SuiteError
 from benchmarks.tracking import Tracker, git_state
 from pfl_core.config import RunConfig
-from pfl_core.experiment import run_experiment
+from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
 
 KILL_HOOK_ENV = "PFLBENCH_TEST_KILL_DIR"
@@ -74,15 +74,34 @@ def _kill_hook(spec: RunSpec) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def execute_spec(spec: RunSpec, device: str, data_dir: str | None, threads: int | None = None,
-                 progress: bool = False) -> dict:
-    """Run one spec and return a picklable outcome (metrics, history, clients) or its error."""
-    _kill_hook(spec)
+def _failure(started: float, err: BaseException) -> dict:
+    if isinstance(err, DivergenceError):
+        return {"started": started, "ended": time.time(), "error": f"diverged: {err}"}
+    return {"started": started, "ended": time.time(), "error": f"{type(err).__name__}: {err}",
+            "traceback": traceback.format_exc()}
+
+
+def _outcome(started: float, result) -> dict:
+    return {"started": started, "ended": time.time(), "metrics": result.metrics,
+            "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
+            "curve_weighted": result.curve_weighted,
+            "info": {**result.info, "torch_threads": torch.get_num_threads()}}
+
+
+def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int | None = None,
+                  progress: bool = False, execution: str = "auto") -> list[dict]:
+    """Run specs that differ only in their seed - in lockstep when there are several
+    (:func:`pfl_core.experiment.run_experiments`) - and return one picklable outcome (metrics,
+    history, clients) or error per spec. A group that fails is rerun one spec at a time, so that
+    one diverging seed fails alone."""
+    for spec in specs:
+        _kill_hook(spec)
     if threads:
         torch.set_num_threads(threads)
     started = time.time()
-    cfg = RunConfig.from_dict(spec.config)
-    bar = tqdm(total=cfg.federation.rounds, desc=f"  {spec.cell_id} seed={spec.seed}", leave=False,
+    cfgs = [RunConfig.from_dict(spec.config) for spec in specs]
+    seeds = ",".join(str(spec.seed) for spec in specs)
+    bar = tqdm(total=cfgs[0].federation.rounds, desc=f"  {specs[0].cell_id} seed={seeds}", leave=False,
                disable=not progress)
 
     def on_round(round_idx: int, metrics: dict) -> None:
@@ -90,18 +109,30 @@ def execute_spec(spec: RunSpec, device: str, data_dir: str | None, threads: int 
         bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
 
     try:
-        result = run_experiment(cfg, device=device, data_dir=data_dir, on_round=on_round)
-    except DivergenceError as err:
-        return {"started": started, "ended": time.time(), "error": f"diverged: {err}"}
+        if len(specs) == 1:
+            results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
+                                      execution=execution)]
+        else:
+            results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
+                                      execution=execution)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
-        return {"started": started, "ended": time.time(),
-                "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        if len(specs) > 1:
+            bar.close()
+            return [execute_specs([spec], device, data_dir, threads, progress, execution)[0] for spec in specs]
+        return [_failure(started, err)]
     finally:
         bar.close()
-    return {"started": started, "ended": time.time(), "metrics": result.metrics,
-            "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
-            "curve_weighted": result.curve_weighted,
-            "info": {**result.info, "torch_threads": torch.get_num_threads()}}
+    return [_outcome(started, result) for result in results]
+
+
+def group_specs(specs: list[RunSpec], lockstep: bool) -> list[list[RunSpec]]:
+    """The units of work: one spec each, or with ``lockstep`` the pending seeds of each cell together."""
+    if not lockstep:
+        return [[spec] for spec in specs]
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault(spec.cell_id, []).append(spec)
+    return list(groups.values())
 
 
 # -- executors: run fn(*args) for each call, yield (index, value, error) as each completes ----------
@@ -240,9 +271,12 @@ def pending_runs(specs: list[RunSpec], tracker: Tracker) -> tuple[list[RunSpec],
 
 def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 1,
               device: str = "auto", data_dir: str | None = None, echo=print,
-              executor: LocalExecutor | RayExecutor | None = None) -> SweepSummary:
+              executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
+              lockstep_seeds: bool = False) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes.
-    ``executor`` defaults to ``LocalExecutor(jobs)``."""
+    ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
+    (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
+    the pending seeds of each cell as one lockstep group (one unit of work for the executor)."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
     todo, _ = pending_runs(specs, tracker)
@@ -267,12 +301,15 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         bar.update(1)
 
     submitted = time.time()
-    calls = [(spec, device, data_dir, executor.threads, executor.in_process) for spec in todo]
+    groups = group_specs(todo, lockstep_seeds)
+    calls = [(group, device, data_dir, executor.threads, executor.in_process, execution) for group in groups]
     try:
-        for index, outcome, error in executor.map(execute_spec, calls) if calls else ():
+        for index, outcomes, error in executor.map(execute_specs, calls) if calls else ():
             if error is not None:
-                outcome = {"started": submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
-            record(todo[index], outcome)
+                lost = {"started": submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
+                outcomes = [lost] * len(groups[index])
+            for spec, outcome in zip(groups[index], outcomes):
+                record(spec, outcome)
     finally:
         bar.close()
     return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started)

@@ -112,6 +112,9 @@ class Tracker:
             "device": outcome.get("info", {}).get("device", ""),
             "partition_digest": outcome.get("info", {}).get("partition_digest", ""),
             "sampling_digest": outcome.get("info", {}).get("sampling_digest", ""),
+            # how the run was computed (never part of the config hash): sequential/batched, lockstep group size
+            "execution": outcome.get("info", {}).get("execution", ""),
+            "lockstep_runs": str(outcome.get("info", {}).get("lockstep_runs", "")),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             **{f"cell.{k}": v for k, v in spec.cell.items()},
             **getattr(spec, "tags", {}),  # tuned=true|false and tuned.* provenance (benchmarks.tuning)

@@ -20,7 +20,7 @@ from pfl_core.data import build_federated, load_dataset
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
-from pfl_core.federation import run_federation
+from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
@@ -52,39 +52,49 @@ def partition_digest(fed) -> str:
                   + [fed.train_clients, fed.unseen_clients])
 
 
-def warm_start(model, chain: list[dict], fed, cfg: RunConfig, protocol, streams: RunStreams,
-               executor: Executor | None = None):
-    """The initial global parameters: the model's own, or, with ``model.warm_start``, the final
-    global parameters of each listed method trained in turn from the previous one's (the CAFeMe
-    code's shared baseline object, spec diff 15; IFCA's collapse of its k models into that one
-    object is not emulated). Predecessors see the same data, batches and client samples."""
-    params = model_params(model)
-    for i, step in enumerate(chain):
+def warm_start(setups: list["RunSetup"], executor: Executor | None = None) -> list:
+    """The initial global parameters of each run: the model's own, or, with ``model.warm_start``,
+    the final global parameters of each listed method trained in turn from the previous one's (the
+    CAFeMe code's shared baseline object, spec diff 15; IFCA's collapse of its k models into that
+    one object is not emulated). Predecessors see the same data, batches and client samples; the
+    runs given together (seeds of a cell) train their predecessors in lockstep."""
+    params = [model_params(s.model) for s in setups]
+    for i, step in enumerate(setups[0].cfg.model.warm_start):
         if not isinstance(step, dict) or set(step) - {"name", "params"} or "name" not in step:
             raise ValueError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}, got {step!r}")
         cls = METHODS.get(step["name"])
-        predecessor = cls(model, cls.hyper_class.from_dict(step.get("params", {}),
-                                                            where=f"model.warm_start[{i}]: "))
-        predecessor.seed = streams.seed_int("algorithm", i + 1)
-        params = run_federation(predecessor, fed, params, cfg.federation, protocol, streams,
-                                evaluate_clients=False, executor=executor).server["params"]
+        hp = cls.hyper_class.from_dict(step.get("params", {}), where=f"model.warm_start[{i}]: ")
+        federations = []
+        for setup, init in zip(setups, params):
+            predecessor = cls(setup.model, hp)
+            predecessor.seed = setup.streams.seed_int("algorithm", i + 1)
+            federations.append(Federation(predecessor, setup.fed, init, setup.cfg.federation, setup.protocol,
+                                          setup.streams, evaluate_clients=False))
+        params = [r.server["params"] for r in run_lockstep(federations, executor or Executor("sequential"))]
     return params
 
 
-def make_executor(execution: str) -> Executor:
-    """The executor of ``execution`` (``auto`` = ``batched``)."""
-    if execution not in ("auto", *EXECUTIONS):
-        raise ValueError(f"execution must be one of {('auto', *EXECUTIONS)}, got {execution!r}")
-    return Executor("batched" if execution == "auto" else execution)
+EXECUTION_CHOICES = ("auto", *EXECUTIONS)
 
 
-def execution_info(executor: Executor, algorithm) -> dict:
-    """How a run's clients were executed, for its record (``execution`` and, on a fallback, why)."""
-    if executor.uses_batched(algorithm):
-        return {"execution": "batched"}
-    if executor.execution == "batched":
-        return {"execution": "sequential", "execution_fallback": algorithm.batched_fallback}
-    return {"execution": "sequential"}
+def make_executor(execution: str, device: torch.device) -> Executor:
+    """The executor of ``execution``; ``auto`` is ``batched`` on a GPU and ``sequential`` on a CPU,
+    where stacking clients does not pay (README, "Speed")."""
+    if execution not in EXECUTION_CHOICES:
+        raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
+    if execution == "auto":
+        execution = "batched" if device.type == "cuda" else "sequential"
+    return Executor(execution)
+
+
+def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
+    """How a run's clients were executed, for its record: ``execution``, ``lockstep_runs`` (runs
+    advanced together) and, on a fallback, why."""
+    info = {"execution": "batched" if executor.uses_batched(algorithm) else "sequential",
+            "lockstep_runs": lockstep}
+    if executor.execution == "batched" and algorithm.batched_fallback:
+        info["execution_fallback"] = algorithm.batched_fallback
+    return info
 
 
 @dataclass
@@ -97,22 +107,22 @@ class RunResult:
     info: dict = field(default_factory=dict)
 
 
-def run_experiment(
-    cfg: RunConfig,
-    device: str = "auto",
-    data_dir: str | None = None,
-    on_round: Callable[[int, dict[str, float]], None] | None = None,
-    execution: str = "auto",
-) -> RunResult:
-    """Run one configuration and return its results (raises DivergenceError on NaN).
+@dataclass
+class RunSetup:
+    """Everything a run builds before training: data, clients, model, method, protocol, streams."""
 
-    ``execution`` is how the clients are run, never what is computed (the config hash ignores it):
-    ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
-    :mod:`pfl_core.engine`), or ``auto`` (batched). A method without a client program runs
-    sequentially either way; ``info["execution"]`` records the path taken and why."""
-    started = time.perf_counter()
-    dev = resolve_device(device)
-    executor = make_executor(execution)
+    cfg: RunConfig
+    device: torch.device
+    dataset: ArrayDataset
+    fed: object
+    model: torch.nn.Module
+    algorithm: object
+    protocol: object
+    streams: RunStreams
+
+
+def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) -> RunSetup:
+    """Load and partition the data, build the model (seeded), the method and the protocol."""
     streams = RunStreams(cfg.seed)
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
@@ -144,11 +154,12 @@ def run_experiment(
     protocol_cls = PROTOCOLS.get(cfg.evaluation.protocol)
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
+    return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams)
 
-    init = warm_start(model, cfg.model.warm_start, fed, cfg, protocol, streams, executor)
-    fed_result = run_federation(algorithm, fed, init, cfg.federation, protocol, streams, on_round,
-                                executor=executor)
-    final = fed_result.final
+
+def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
+    """Metrics, history, per-client results and provenance of a finished run."""
+    final, fed = fed_result.final, setup.fed
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     clients = [
@@ -157,11 +168,10 @@ def run_experiment(
         for r in final.clients
     ]
     info = {
-        "device": str(dev),
-        **execution_info(executor, algorithm),
-        "wall_s": time.perf_counter() - started,
-        "dataset_offline": dataset.offline,
-        "dataset_description": dataset.description,
+        "device": str(setup.device),
+        **info,
+        "dataset_offline": setup.dataset.offline,
+        "dataset_description": setup.dataset.description,
         "num_train_clients": len(fed.train_clients),
         "num_unseen_clients": len(fed.unseen_clients),
         "num_validation_clients": len(fed.validation_clients),
@@ -172,3 +182,62 @@ def run_experiment(
         "short_train_splits": sorted(c for c, ctx in fed_result.contexts.items() if ctx.streams["train"].short),
     }
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
+
+
+def run_experiment(
+    cfg: RunConfig,
+    device: str = "auto",
+    data_dir: str | None = None,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+    execution: str = "auto",
+) -> RunResult:
+    """Run one configuration and return its results (raises DivergenceError on NaN).
+
+    ``execution`` is how the clients are run, never what is computed (the config hash ignores it):
+    ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
+    :mod:`pfl_core.engine`), or ``auto`` (:func:`make_executor`). A method without a client
+    program runs sequentially either way; ``info["execution"]`` records the path taken and why."""
+    return run_experiments([cfg], device, data_dir, on_round, execution)[0]
+
+
+def run_experiments(
+    cfgs: list[RunConfig],
+    device: str = "auto",
+    data_dir: str | None = None,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+    execution: str = "auto",
+) -> list[RunResult]:
+    """Run configurations that differ only in their seed *in lockstep*: every round, the sampled
+    clients of all of them go to the executor together (on the batched path: one vmapped stack of
+    clients x seeds). Each run keeps its own partition, client samples, batches and state, so each
+    gets what it gets alone. ``on_round(round_idx, metrics)`` fires once per round (first run's
+    metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it."""
+    started = time.perf_counter()
+    dev = resolve_device(device)
+    executor = make_executor(execution, dev)
+    _check_lockstep(cfgs)
+    setups = [prepare_run(cfg, dev, data_dir) for cfg in cfgs]
+    inits = warm_start(setups, executor)
+    federations = [
+        Federation(s.algorithm, s.fed, init, s.cfg.federation, s.protocol, s.streams,
+                   on_round if k == 0 else None)
+        for k, (s, init) in enumerate(zip(setups, inits))
+    ]
+    results = run_lockstep(federations, executor)
+    wall = (time.perf_counter() - started) / len(cfgs)
+    info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), "wall_s": wall}
+    return [run_result(s, r, info) for s, r in zip(setups, results)]
+
+
+def _check_lockstep(cfgs: list[RunConfig]) -> None:
+    """Runs in lockstep share the method, model and federation settings (only seeds may differ)."""
+    if not cfgs:
+        raise ValueError("run_experiments needs at least one configuration")
+    first = cfgs[0]
+    for cfg in cfgs[1:]:
+        for part in ("method", "model", "federation", "evaluation"):
+            if getattr(cfg, part) != getattr(first, part):
+                raise ValueError(f"runs in lockstep must share their {part} settings; "
+                                 f"seed {cfg.seed} differs from seed {first.seed}")
+        if cfg.data.dataset != first.data.dataset:
+            raise ValueError("runs in lockstep must share their dataset")

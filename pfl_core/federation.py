@@ -12,11 +12,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
+from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
 from pfl_core.batching import BatchStream
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
-from pfl_core.engine import Executor
+from pfl_core.engine import Executor, WorkItem
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
 from pfl_core.training import Params, all_finite
@@ -95,6 +95,83 @@ def _check_finite(server: ServerState, round_idx: int) -> None:
         raise DivergenceError(f"non-finite server parameters after round {round_idx + 1}")
 
 
+class Federation:
+    """One run's federation, advanced a round at a time so that several runs (the seeds of a cell)
+    can advance in lockstep, their sampled clients executed together (:func:`run_lockstep`).
+
+    ``on_round(round_idx, metrics)`` is called after every round (for progress and logging).
+    ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
+    """
+
+    def __init__(self, algorithm: Algorithm, fed: FederatedData, init_params: Params, cfg: FederationConfig,
+                 protocol: Protocol, streams: RunStreams,
+                 on_round: Callable[[int, dict[str, float]], None] | None = None,
+                 evaluate_clients: bool = True):
+        self.algorithm, self.fed, self.cfg, self.protocol, self.streams = algorithm, fed, cfg, protocol, streams
+        self.on_round, self.evaluate_clients = on_round, evaluate_clients
+        self.eval_batch_size = protocol.cfg.batch_size or cfg.batch_size
+        self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size)
+        self.sampler = ClientSampler(fed.train_clients, cfg.clients_per_round, streams.numpy("sampling"))
+        self.result = FederationResult(algorithm.init_server(init_params), contexts=self.contexts)
+
+    @property
+    def server(self) -> ServerState:
+        return self.result.server
+
+    def work(self, round_idx: int) -> list[WorkItem]:
+        """Sample this round's clients; their work for the executor."""
+        sampled = self.sampler.sample()
+        self.result.sampled.append(sampled)
+        return [WorkItem(self.algorithm, self.server, self.contexts[cid], round_idx) for cid in sampled]
+
+    def evaluate(self, executor: Executor) -> EvalResult:
+        ids = self.protocol.client_ids(self.fed)
+        states = {cid: ctx.state for cid, ctx in self.contexts.items()}
+        eval_ctx = make_contexts(self.fed, ids, self.cfg, self.streams, "eval", self.eval_batch_size, states)
+        return self.protocol.evaluate(self.algorithm, self.server, eval_ctx, executor)
+
+    def finish_round(self, round_idx: int, updates: list[ClientUpdate], executor: Executor) -> None:
+        """Aggregate the round's updates, check them, evaluate when due, record the metrics."""
+        loss = float(torch.stack([u.loss for u in updates]).mean())
+        if not np.isfinite(loss):
+            raise DivergenceError(f"non-finite training loss ({loss}) in round {round_idx + 1}")
+        self.result.server = self.algorithm.aggregate(self.server, updates)
+        _check_finite(self.server, round_idx)
+        metrics = {"round": round_idx + 1, "train_loss": loss}
+        last = round_idx == self.cfg.rounds - 1
+        every = self.cfg.eval_every
+        if self.evaluate_clients and (last or (every and (round_idx + 1) % every == 0)):
+            evaluation = self.evaluate(executor)
+            metrics.update(evaluation.summary)
+            if last:
+                self.result.final = evaluation
+        self.result.history.append(metrics)
+        if self.on_round is not None:
+            self.on_round(round_idx, metrics)
+
+    def finish(self, executor: Executor) -> FederationResult:
+        if self.cfg.rounds == 0 and self.evaluate_clients:
+            self.result.final = self.evaluate(executor)
+        return self.result
+
+
+def run_lockstep(federations: list[Federation], executor: Executor) -> list[FederationResult]:
+    """Advance runs of one method (the seeds of a cell) together: each round, the sampled clients
+    of every run go to the executor in one call, so the batched path stacks clients x seeds. Each
+    run keeps its own data, client samples, batches and state, hence its own numbers."""
+    rounds = {f.cfg.rounds for f in federations}
+    if len(rounds) != 1:
+        raise ValueError(f"runs in lockstep need the same number of rounds, got {sorted(rounds)}")
+    for round_idx in range(rounds.pop()):
+        work = [f.work(round_idx) for f in federations]
+        updates = executor.run_many([item for items in work for item in items])
+        start = 0
+        for federation, items in zip(federations, work):
+            federation.finish_round(round_idx, updates[start:start + len(items)], executor)
+            start += len(items)
+    return [f.finish(executor) for f in federations]
+
+
 def run_federation(
     algorithm: Algorithm,
     fed: FederatedData,
@@ -106,45 +183,8 @@ def run_federation(
     evaluate_clients: bool = True,
     executor: Executor | None = None,
 ) -> FederationResult:
-    """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol``.
-
-    ``on_round(round_idx, metrics)`` is called after every round (for progress and logging).
-    ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
-    ``executor`` runs the sampled clients (default: sequential, the reference path).
-    """
-    executor = executor or Executor("sequential")
-    eval_bs = protocol.cfg.batch_size or cfg.batch_size
-    train_ctx = make_contexts(fed, fed.train_clients, cfg, streams, "batches", eval_bs)
-    sampler = ClientSampler(fed.train_clients, cfg.clients_per_round, streams.numpy("sampling"))
-    server = algorithm.init_server(init_params)
-    result = FederationResult(server, contexts=train_ctx)
-
-    def evaluate() -> EvalResult:
-        ids = protocol.client_ids(fed)
-        states = {cid: ctx.state for cid, ctx in train_ctx.items()}
-        eval_ctx = make_contexts(fed, ids, cfg, streams, "eval", eval_bs, states)
-        return protocol.evaluate(algorithm, server, eval_ctx, executor)
-
-    for round_idx in range(cfg.rounds):
-        sampled = sampler.sample()
-        result.sampled.append(sampled)
-        updates = executor.run(algorithm, server, [train_ctx[cid] for cid in sampled], round_idx)
-        loss = float(torch.stack([u.loss for u in updates]).mean())
-        if not np.isfinite(loss):
-            raise DivergenceError(f"non-finite training loss ({loss}) in round {round_idx + 1}")
-        server = algorithm.aggregate(server, updates)
-        _check_finite(server, round_idx)
-        metrics = {"round": round_idx + 1, "train_loss": loss}
-        last = round_idx == cfg.rounds - 1
-        if evaluate_clients and (last or (cfg.eval_every and (round_idx + 1) % cfg.eval_every == 0)):
-            evaluation = evaluate()
-            metrics.update(evaluation.summary)
-            if last:
-                result.final = evaluation
-        result.history.append(metrics)
-        if on_round is not None:
-            on_round(round_idx, metrics)
-    if cfg.rounds == 0 and evaluate_clients:
-        result.final = evaluate()
-    result.server = server
-    return result
+    """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol`` (one run; see
+    :class:`Federation` for the arguments). ``executor`` runs the sampled clients (default:
+    sequential, the reference path)."""
+    federation = Federation(algorithm, fed, init_params, cfg, protocol, streams, on_round, evaluate_clients)
+    return run_lockstep([federation], executor or Executor("sequential"))[0]

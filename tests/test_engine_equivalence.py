@@ -208,3 +208,32 @@ def test_a_fallback_reason_sends_a_method_to_the_sequential_path():
 def test_the_cases_reach_cgpfl_heur_contexts_and_l2sgd_rounds_without_local_steps():
     assert run_path(CASES["cgpfl_heur"], "sequential", rounds=1).server["num_clusters"] == 2
     assert [coin_counts((11, 0), t, 0.3)[0] for t in range(3)] == [0, 2, 1]  # run_path's seed is 11
+
+
+# ------------------------------------------------------------------ seeds in lockstep
+
+def _federation_for_seed(case, seed, sizes=(8, 8, 8, 8, 8)):
+    from pfl_core.federation import Federation
+
+    method, hp, model_fn, data_fn = case
+    fed = data_fn(sizes, seed=seed)
+    torch.manual_seed(seed)
+    model = model_fn().double()
+    cls = METHODS.get(method)
+    algorithm = cls(model, cls.hyper_class.from_dict(hp))
+    algorithm.seed = 11 + seed
+    cfg = FederationConfig(rounds=3, clients_per_round=3, batch_size=4)
+    protocol = SeenClients(EvalConfig(steps=2, lr=0.1, reduction="sample"))
+    return Federation(algorithm, fed, model_params(model), cfg, protocol, RunStreams(seed))
+
+
+@pytest.mark.parametrize("name", ["fedavg-steps", "cafeme-fo", "ditto"])
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_seeds_in_lockstep_get_what_each_gets_alone(name, execution):
+    from pfl_core.federation import run_lockstep
+
+    alone = [run_lockstep([_federation_for_seed(CASES[name], seed)], Executor(execution))[0] for seed in (0, 1, 2)]
+    together = run_lockstep([_federation_for_seed(CASES[name], seed) for seed in (0, 1, 2)], Executor(execution))
+    for a, b in zip(alone, together):
+        assert_same_run(a, b)
+    assert alone[0].sampled != alone[1].sampled  # the seeds really differ

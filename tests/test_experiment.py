@@ -141,15 +141,17 @@ def test_warm_start_chain_starts_from_the_predecessors_final_model(monkeypatch):
     cfg["model"]["warm_start"] = [{"name": "local", "params": {"lr": 0.05, "local_steps": 1}},
                                   {"name": "fedavg", "params": {"lr": 0.05, "local_steps": 2}}]
     starts = []
-    original = experiment.run_federation
+    original = experiment.run_lockstep
 
-    def spy(algorithm, fed, init, *args, **kwargs):
-        result = original(algorithm, fed, init, *args, **kwargs)
-        starts.append((type(algorithm).__name__, {k: v.clone() for k, v in init.items()},
-                       result.server["params"], kwargs.get("evaluate_clients", True)))
-        return result
+    def spy(federations, executor):
+        (federation,) = federations
+        init = {k: v.clone() for k, v in federation.server["params"].items()}
+        (result,) = original(federations, executor)
+        starts.append((type(federation.algorithm).__name__, init, result.server["params"],
+                       federation.evaluate_clients))
+        return [result]
 
-    monkeypatch.setattr(experiment, "run_federation", spy)
+    monkeypatch.setattr(experiment, "run_lockstep", spy)
     run_experiment(RunConfig.from_dict(cfg), device="cpu")
     (name0, init0, end0, eval0), (name1, init1, end1, eval1), (name2, init2, _, eval2) = starts
     assert (name0, name1, name2) == ("Local", "FedAvg", "FedAvg") and (eval0, eval1, eval2) == (False, False, True)
@@ -159,3 +161,34 @@ def test_warm_start_chain_starts_from_the_predecessors_final_model(monkeypatch):
     cfg["model"]["warm_start"] = [{"method": "fedavg"}]
     with pytest.raises(ValueError, match="warm_start"):
         run_experiment(RunConfig.from_dict(cfg), device="cpu")
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_run_experiments_in_lockstep_give_each_seed_its_own_run(execution):
+    from pfl_core.experiment import run_experiments
+
+    cfgs = [_config("fedavg_ft", seed=s) for s in (0, 1)]
+    together = run_experiments(cfgs, device="cpu", execution=execution)
+    for cfg, run in zip(cfgs, together):
+        alone = run_experiment(cfg, device="cpu", execution=execution)
+        assert run.info["partition_digest"] == alone.info["partition_digest"]
+        assert run.info["sampling_digest"] == alone.info["sampling_digest"]
+        assert run.info["lockstep_runs"] == 2 and alone.info["lockstep_runs"] == 1
+        assert run.info["execution"] == alone.info["execution"] == execution
+        assert run.metrics == pytest.approx(alone.metrics, abs=1e-5)
+        assert [h["train_loss"] for h in run.history] == pytest.approx([h["train_loss"] for h in alone.history], abs=1e-5)
+    assert together[0].info["sampling_digest"] != together[1].info["sampling_digest"]
+
+
+def test_lockstep_refuses_runs_that_differ_in_more_than_the_seed():
+    from pfl_core.experiment import run_experiments
+
+    with pytest.raises(ValueError, match="method settings"):
+        run_experiments([_config("fedavg"), _config("local", seed=1)], device="cpu")
+
+
+def test_auto_execution_is_sequential_on_a_cpu_and_recorded():
+    run = run_experiment(_config(), device="cpu")
+    assert run.info["execution"] == "sequential"
+    with pytest.raises(ValueError, match="execution must be one of"):
+        run_experiment(_config(), device="cpu", execution="vectorised")

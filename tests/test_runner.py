@@ -197,14 +197,14 @@ def test_failed_run_is_rerun_by_the_next_sweep(tmp_path, tiny_suite, monkeypatch
     """DivergenceError raised from inside the federation for one spec; the next sweep re-runs it only."""
     suite = load_suite(tiny_suite)
     specs = suite.expand("smoke", only={"setting": ["iid"], "method": ["fedavg", "local"]})
-    real = experiment.run_federation
+    real = experiment.run_lockstep
 
-    def flaky(algorithm, fed, init, cfg, protocol, streams, on_round=None, **kwargs):
-        if type(algorithm).__name__ == "FedAvg" and streams.seed == 1:
+    def flaky(federations, executor):
+        if any(type(f.algorithm).__name__ == "FedAvg" and f.streams.seed == 1 for f in federations):
             raise DivergenceError("injected: non-finite loss in round 1")
-        return real(algorithm, fed, init, cfg, protocol, streams, on_round, **kwargs)
+        return real(federations, executor)
 
-    monkeypatch.setattr(experiment, "run_federation", flaky)
+    monkeypatch.setattr(experiment, "run_lockstep", flaky)
     tracker = Tracker(*store(tmp_path / "store"))
     first = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     assert (first.finished, first.failed) == (len(specs) - 1, 1)
@@ -214,7 +214,7 @@ def test_failed_run_is_rerun_by_the_next_sweep(tmp_path, tiny_suite, monkeypatch
     assert (tags["method"], tags["seed"]) == ("fedavg", "1")
     assert "injected" in tags["failure_reason"]
 
-    monkeypatch.setattr(experiment, "run_federation", real)
+    monkeypatch.setattr(experiment, "run_lockstep", real)
     second = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     assert (second.skipped, second.finished, second.failed) == (len(specs) - 1, 1, 0)
     finished = tracker.runs(suite.key, status="FINISHED")
@@ -296,3 +296,43 @@ def test_default_store_is_under_cwd_results(tmp_path, monkeypatch):
     assert (tmp_path / "results").is_dir()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
     assert default_tracking_uri() == f"sqlite:///{tmp_path}/env.db"
+
+
+def test_lockstep_batched_sweep_logs_each_seed_once_with_the_numbers_of_the_plain_sweep(tmp_path, swept):
+    """--lockstep-seeds --execution batched: the seeds of a cell run as one group, each run is logged
+    once, tagged with its path, and its metrics are the plain (sequential, one-by-one) sweep's."""
+    suite, specs = swept["suite"], swept["specs"]
+    tracker = Tracker(*store(tmp_path / "lockstep"))
+    summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet, execution="batched", lockstep_seeds=True)
+    assert (summary.finished, summary.failed) == (len(specs), 0)
+    runs = tracker.runs(suite.key, status=None)
+    assert sorted(r.data.tags["config_hash"] for r in runs) == sorted(s.config_hash for s in specs)
+    seeds_per_cell = {s.cell_id: sum(t.cell_id == s.cell_id for t in specs) for s in specs}
+    for run in runs:
+        tags = run.data.tags
+        assert tags["lockstep_runs"] == str(seeds_per_cell[tags["cell"]])
+        assert tags["execution"] in ("batched", "sequential")
+        plain = swept["by_hash"][tags["config_hash"]]
+        assert plain.data.tags["execution"] == "sequential" and plain.data.tags["lockstep_runs"] == "1"
+        for key, value in plain.data.metrics.items():
+            if key != "wall_s":
+                assert run.data.metrics[key] == pytest.approx(value, abs=1e-4), key
+
+
+def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeypatch):
+    suite, specs = swept["suite"], swept["specs"]
+    real = experiment.run_lockstep
+
+    def flaky(federations, executor):
+        if any(f.streams.seed == 1 for f in federations):
+            raise DivergenceError("injected: non-finite loss in round 1")
+        return real(federations, executor)
+
+    monkeypatch.setattr(experiment, "run_lockstep", flaky)
+    tracker = Tracker(*store(tmp_path / "lockstep"))
+    summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet, lockstep_seeds=True)
+    failed = tracker.runs(suite.key, status="FAILED")
+    assert summary.failed == len(failed) == sum(s.seed == 1 for s in specs) > 0
+    assert {r.data.tags["seed"] for r in failed} == {"1"}
+    assert all("injected" in r.data.tags["failure_reason"] for r in failed)
+    assert summary.finished == len(specs) - summary.failed
