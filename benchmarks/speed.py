@@ -1,0 +1,203 @@
+"""The speed benchmark: fixed workloads timed on the sequential and the batched path in one run.
+
+    python -m benchmarks.speed                      # every workload, CPU (and CUDA when present)
+    python -m benchmarks.speed --only fedavg-rmnist cafeme-rmnist --rounds 3 --csv speed.csv
+
+Each workload has the shapes of a paper cell (model, batch size, client sizes, local work, clients
+per round); the pixels are random (timing does not depend on them, and no dataset is needed). For
+every workload and device it times
+
+* ``sequential``: one client at a time (the reference path);
+* ``batched``: the round's clients vmapped together (:mod:`pfl_core.engine`);
+* ``batched xK``: K seeds advanced in lockstep, their clients stacked (``--seeds``, default 5),
+  time per run-round;
+
+and reports seconds per round (median over ``--rounds`` timed rounds after one warm-up round), the
+speed-up over the sequential path, and the achieved GFLOP/s (convolution and matmul FLOPs of one
+round, counted by ``torch.utils.flop_counter``) next to a plain fp32 matmul's on the same threads.
+Nothing is asserted: these are measurements to compare, rerun on your own machine.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from pfl_core.algorithms import METHODS
+from pfl_core.config import FederationConfig
+from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+from pfl_core.engine import Executor
+from pfl_core.evaluation import EvalConfig, UnseenClients
+from pfl_core.federation import Federation
+from pfl_core.models import build_model
+from pfl_core.seeding import RunStreams
+from pfl_core.training import model_params
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One round (or one evaluation) with a paper cell's shapes."""
+
+    name: str
+    description: str
+    method: str
+    model: str
+    input_shape: tuple[int, ...]
+    hp: dict = field(default_factory=dict)
+    train_size: int = 480
+    test_size: int = 120
+    clients: int = 100
+    per_round: int = 5
+    batch_size: int = 30
+    classes: int = 10
+    eval_steps: int = -1
+    """>= 0: time the unseen-client evaluation (20 clients, this many fine-tuning steps) instead of a round."""
+
+
+WORKLOADS = [
+    Workload("fedavg-rmnist", "CAFeMe Table 1, RMNIST: FedAvg, 5 clients x 5 epochs x 16 batches of 30, model A",
+             "fedavg", "cafeme_cnn_a", (1, 28, 28), {"lr": 0.001, "local_epochs": 5, "weighting": "uniform"}),
+    Workload("cafeme-rmnist", "CAFeMe Table 1, RMNIST: CAFeMe, 5 clients x (5 inner + 6 query batches of 30), model A + FM",
+             "cafeme", "cafeme_a", (1, 28, 28)),
+    Workload("fedavg-cifar10", "CAFeMe Table 1, CIFAR-10: FedAvg, 5 clients x 5 epochs x 8 batches of 50, model B",
+             "fedavg", "cafeme_cnn_b", (3, 32, 32), {"lr": 0.001, "local_epochs": 5, "weighting": "uniform"},
+             train_size=400, test_size=100, batch_size=50),
+    Workload("eval-unseen", "CAFeMe evaluation: 20 unseen clients x 51 points (50 SGD steps), FedAvg-FT, model A",
+             "fedavg_ft", "cafeme_cnn_a", (1, 28, 28), eval_steps=50),
+    Workload("cgpfl-mnist", "CGPFL Table 1, MNIST DNN: CGPFL, 40 clients x 10 local rounds x 5 inner steps, batch 20",
+             "cgpfl", "dnn", (784,), {"num_clusters": 4}, train_size=1000, test_size=200, clients=40, per_round=40,
+             batch_size=20),
+]
+
+
+def random_federation(w: Workload, device: torch.device, seed: int) -> FederatedData:
+    """``w.clients`` clients of ``w.train_size`` + ``w.test_size`` random samples (uint8 images or
+    float features); 20 extra unseen clients for the evaluation workload."""
+    gen = torch.Generator().manual_seed(seed)
+    unseen = 20 if w.eval_steps >= 0 else 0
+    total = (w.clients + unseen) * (w.train_size + w.test_size)
+    if len(w.input_shape) == 3:
+        x = torch.randint(0, 256, (total, *w.input_shape), generator=gen, dtype=torch.uint8)
+    else:
+        x = torch.randn(total, *w.input_shape, generator=gen)
+    y = torch.randint(0, w.classes, (total,), generator=gen)
+    size = w.train_size + w.test_size
+    clients = [Client(c, {"train": torch.arange(c * size, c * size + w.train_size),
+                          "test": torch.arange(c * size + w.train_size, (c + 1) * size)})
+               for c in range(w.clients + unseen)]
+    fed = FederatedData(ArrayDataset(w.name, x, y, w.classes, offline=True), clients,
+                        list(range(w.clients)), list(range(w.clients, w.clients + unseen)))
+    return fed.to(device)
+
+
+def build(w: Workload, device: torch.device, seed: int) -> Federation:
+    torch.manual_seed(seed)
+    model = build_model(w.model, w.input_shape, w.classes).to(device)
+    cls = METHODS.get(w.method)
+    algorithm = cls(model, cls.hyper_class.from_dict(w.hp))
+    cfg = FederationConfig(rounds=10**6, clients_per_round=w.per_round, batch_size=w.batch_size)
+    protocol = UnseenClients(EvalConfig(steps=max(w.eval_steps, 0), lr=0.001))
+    return Federation(algorithm, random_federation(w, device, seed), model_params(model), cfg, protocol,
+                      RunStreams(seed), evaluate_clients=False)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_once(federations: list[Federation], executor: Executor, w: Workload, round_idx: int) -> None:
+    """One round of every federation in lockstep, or their unseen-client evaluations."""
+    if w.eval_steps >= 0:
+        for f in federations:
+            f.evaluate(executor)
+        return
+    work = [f.work(round_idx) for f in federations]
+    updates = executor.run_many([item for items in work for item in items])
+    start = 0
+    for federation, items in zip(federations, work):
+        federation.finish_round(round_idx, updates[start:start + len(items)], executor)
+        start += len(items)
+
+
+def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rounds: int) -> tuple[float, float]:
+    """(median seconds per run-round, GFLOP per run-round) of ``w`` on one path."""
+    federations = [build(w, device, seed) for seed in range(seeds)]
+    executor = Executor(execution)
+    step_once(federations, executor, w, 0)  # warm-up: first calls, allocator, cuDNN autotuning
+    sync(device)
+    times = []
+    for r in range(rounds):
+        started = time.perf_counter()
+        step_once(federations, executor, w, r + 1)
+        sync(device)
+        times.append((time.perf_counter() - started) / seeds)
+    with FlopCounterMode(display=False) as counter:
+        step_once(federations[:1], Executor("sequential"), w, rounds + 1)
+    return statistics.median(times), counter.get_total_flops() / 1e9
+
+
+def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    a @ b
+    sync(device)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    sync(device)
+    return 2 * n ** 3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=[w.name for w in WORKLOADS], help="workloads to time")
+    parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when present")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per path (after one warm-up)")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds in lockstep for the 'batched xK' path (1: off)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--csv", default=None, help="also write the table to this CSV file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    chosen = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    paths = [("sequential", "sequential", 1), ("batched", "batched", 1)]
+    if args.seeds > 1:
+        paths.append((f"batched x{args.seeds}", "batched", args.seeds))
+    rows = []
+    header = f"{'workload':16s} {'device':6s} {'path':12s} {'s/round':>9s} {'speed-up':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}"
+    print("random pixels with the shapes of each cell (timing only); torch", torch.__version__)
+    for device_name in devices:
+        device = torch.device(device_name)
+        reference = matmul_gflops(device)
+        print(f"\n{device_name}: fp32 matmul {reference:.0f} GFLOP/s, torch threads {torch.get_num_threads()}")
+        print(header)
+        for w in chosen:
+            baseline = None
+            for label, execution, seeds in paths:
+                seconds, gflop = time_path(w, device, execution, seeds, args.rounds)
+                baseline = baseline or seconds
+                rate = gflop / seconds
+                row = {"workload": w.name, "device": device_name, "path": label, "s_per_round": seconds,
+                       "speedup": baseline / seconds, "gflop_per_round": gflop, "gflops": rate,
+                       "matmul_gflops": reference, "percent_of_matmul": 100 * rate / reference,
+                       "torch_threads": torch.get_num_threads(), "description": w.description}
+                rows.append(row)
+                print(f"{w.name:16s} {device_name:6s} {label:12s} {seconds:9.4f} {row['speedup']:7.2f}x "
+                      f"{rate:8.1f} {row['percent_of_matmul']:7.0f}%", flush=True)
+    if args.csv:
+        with open(args.csv, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"\nwrote {args.csv}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
