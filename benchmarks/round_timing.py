@@ -17,10 +17,11 @@ import torch
 
 from benchmarks.suite import load_suite, parse_only
 from pfl_core.config import RunConfig
-from pfl_core.experiment import run_experiment
+from pfl_core.experiment import EXECUTION_CHOICES, run_experiment
 
 
-def time_cell(config: dict, rounds: int, device: str, data_dir: str | None) -> tuple[float, float]:
+def time_cell(config: dict, rounds: int, device: str, data_dir: str | None,
+              execution: str = "auto") -> tuple[float, float]:
     """(seconds per round, seconds of the final evaluation) over ``rounds`` >= 3 rounds.
 
     Rounds 2..n-1 are timed (round 1 pays for loading and warm-up); the last round's interval
@@ -31,7 +32,7 @@ def time_cell(config: dict, rounds: int, device: str, data_dir: str | None) -> t
     cfg["federation"]["rounds"] = rounds
     cfg["federation"]["eval_every"] = 0
     stamps: list[float] = []
-    run_experiment(RunConfig.from_dict(cfg), device=device, data_dir=data_dir,
+    run_experiment(RunConfig.from_dict(cfg), device=device, data_dir=data_dir, execution=execution,
                    on_round=lambda i, m: stamps.append(time.perf_counter()))
     intervals = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
     round_s = sum(intervals[:-1]) / len(intervals[:-1])
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
+                        help="the path pflbench run would use (auto: batched on CUDA, sequential on CPU)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         if spec.cell_id in per_cell:
             continue
-        per_cell[spec.cell_id] = time_cell(spec.config, args.rounds, args.device, args.data_dir)
+        per_cell[spec.cell_id] = time_cell(spec.config, args.rounds, args.device, args.data_dir, args.execution)
         round_s, eval_s = per_cell[spec.cell_id]
         print(f"{spec.cell_id:55s} {round_s:8.3f} {eval_s:8.1f}", flush=True)
     total = sum(s.config["federation"]["rounds"] * per_cell[s.cell_id][0] + per_cell[s.cell_id][1]
                 for s in specs)
     print(f"projected wall-clock of {len(specs)} runs ({args.profile} profile, one process, "
-          f"torch threads {torch.get_num_threads()}): {total / 3600:.1f} h")
+          f"torch threads {torch.get_num_threads()}, execution {args.execution}): {total / 3600:.1f} h")
     return 0
 
 
