@@ -33,7 +33,7 @@ from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalConfig, UnseenClients
-from pfl_core.federation import Federation
+from pfl_core.federation import Federation, lockstep_round
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
@@ -117,12 +117,7 @@ def step_once(federations: list[Federation], executor: Executor, w: Workload, ro
         for f in federations:
             f.evaluate(executor)
         return
-    work = [f.work(round_idx) for f in federations]
-    updates = executor.run_many([item for items in work for item in items])
-    start = 0
-    for federation, items in zip(federations, work):
-        federation.finish_round(round_idx, updates[start:start + len(items)], executor)
-        start += len(items)
+    lockstep_round(federations, executor, round_idx)
 
 
 def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rounds: int) -> tuple[float, float]:

@@ -163,13 +163,18 @@ def run_lockstep(federations: list[Federation], executor: Executor) -> list[Fede
     if len(rounds) != 1:
         raise ValueError(f"runs in lockstep need the same number of rounds, got {sorted(rounds)}")
     for round_idx in range(rounds.pop()):
-        work = [f.work(round_idx) for f in federations]
-        updates = executor.run_many([item for items in work for item in items])
-        start = 0
-        for federation, items in zip(federations, work):
-            federation.finish_round(round_idx, updates[start:start + len(items)], executor)
-            start += len(items)
+        lockstep_round(federations, executor, round_idx)
     return [f.finish(executor) for f in federations]
+
+
+def lockstep_round(federations: list[Federation], executor: Executor, round_idx: int) -> None:
+    """One round of every federation, their sampled clients in one executor call."""
+    work = [f.work(round_idx) for f in federations]
+    updates = executor.run_many([item for items in work for item in items])
+    start = 0
+    for federation, items in zip(federations, work):
+        federation.finish_round(round_idx, updates[start:start + len(items)], executor)
+        start += len(items)
 
 
 def run_federation(
