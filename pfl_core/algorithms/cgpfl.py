@@ -54,9 +54,8 @@ import numpy as np
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
-from pfl_core.algorithms.pfedme import ProxHyper, mix, personal_predictor, prox_local_rounds, prox_plan
-from pfl_core.engine.plans import Plan
+from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState
+from pfl_core.algorithms.pfedme import ProxHyper, ProxProgram, mix, personal_predictor
 from pfl_core.training import Params, average_params, clone_params
 
 OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
@@ -227,7 +226,7 @@ def _align(old: list[Params], means: list[Params | None]) -> list[int]:
 
 
 @METHODS.register("cgpfl")
-class CGPFL(Algorithm):
+class CGPFL(ProxProgram):
     """CGPFL, Algorithm 1. Server state: ``centers`` (Omega_K), ``assign`` (P^t as client ->
     context), ``round``, ``num_clusters``, and ``params`` (the size-weighted mean of the context
     models; a diagnostic "global" model, also what a never-trained client predicts with)."""
@@ -248,12 +247,6 @@ class CGPFL(Algorithm):
         """omega_{k(i)} (Algorithm 1 line 4) and theta_i (persists; starts at the first model received)."""
         anchor = server["centers"][server["assign"].get(client.cid, 0)]
         return {"theta": client.state.get("theta", anchor), "w": anchor}
-
-    def draw(self, client: ClientContext, round_idx: int) -> Plan:
-        return prox_plan(client, self.hp)
-
-    def local_update(self, carry, batches, masks):
-        return prox_local_rounds(self.model, carry, batches["train"], self.hp)
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         client.state.update(theta=carry["theta"], local=carry["w"])

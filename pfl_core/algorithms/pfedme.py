@@ -182,8 +182,19 @@ class PFedMeHyper(ProxHyper):
     """Aggregation weights: ``samples`` (n_i / n_S, pFedMe code) or ``uniform``."""
 
 
+class ProxProgram(Algorithm):
+    """The plan and local update pFedMe and CGPFL share (:func:`prox_plan`, :func:`prox_local_rounds`);
+    subclasses say where theta and w start (``carry_in``) and what is uploaded (``carry_out``)."""
+
+    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+        return prox_plan(client, self.hp)
+
+    def local_update(self, carry, batches, masks):
+        return prox_local_rounds(self.model, carry, batches["train"], self.hp)
+
+
 @METHODS.register("pfedme")
-class PFedMe(Algorithm):
+class PFedMe(ProxProgram):
     """pFedMe; uploads w_{i,R}, evaluates theta_i (or w_i with ``predictor="local"``)."""
 
     hyper_class = PFedMeHyper
@@ -192,12 +203,6 @@ class PFedMe(Algorithm):
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         """theta_i persists (never reset to w); it starts at the first model the client receives."""
         return {"theta": client.state.get("theta", server["params"]), "w": server["params"]}
-
-    def draw(self, client: ClientContext, round_idx: int) -> Plan:
-        return prox_plan(client, self.hp)
-
-    def local_update(self, carry, batches, masks):
-        return prox_local_rounds(self.model, carry, batches["train"], self.hp)
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         client.state.update(theta=carry["theta"], local=carry["w"])
