@@ -70,9 +70,6 @@ class Executor:
     def uses_batched(self, algorithm: "Algorithm") -> bool:
         return self.execution == "batched" and algorithm.batched_fallback is None
 
-    def run(self, algorithm: "Algorithm", server, clients: list["ClientContext"], round_idx: int) -> list["ClientUpdate"]:
-        return self.run_many([WorkItem(algorithm, server, c, round_idx) for c in clients])
-
     def run_many(self, items: list[WorkItem]) -> list["ClientUpdate"]:
         """Updates of ``items`` (possibly from several runs of one cell) in their order."""
         if not items:
