@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -52,17 +53,35 @@ def cmd_run(args) -> int:
         return 0
     summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
                         executor=_executor(args), execution=args.execution,
-                        lockstep_seeds=args.lockstep_seeds)
+                        lockstep_seeds=args.lockstep_seeds, command=getattr(args, "command_line", None))
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.uri}")
-    rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]})) if args.report else 0
+    rc, rendered = 0, []
+    if args.report:
+        rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]}), rendered)
+        tracker.log_report(summary.parent_run_id, report_files(rendered, suite.key))
+    from benchmarks.mlflow_ui import experiment_url, ui_base
+
+    print(f"MLflow UI ({'make mlflow-ui, then ' if tracker.uri.startswith('sqlite:') else ''}open): "
+          f"{experiment_url(ui_base(tracker.uri), tracker.experiment_id(suite.key))}")
     return 1 if summary.failed and args.strict else rc
 
 
-def cmd_report(args) -> int:
+def report_files(rendered: list, suite_key: str) -> list[Path]:
+    """The files rendered for suite ``suite_key``: its tables, CSV, figures and its paper's PDF."""
+    files = []
+    for done in rendered:
+        for part in done.suites:
+            if part.report.suite.key == suite_key:
+                files += [done.pdf, part.md, part.tex, part.csv, *part.pngs]
+    return files
+
+
+def cmd_report(args, rendered: list | None = None) -> int:
     """Tables and figures of each named suite (or of every suite of ``--paper``), then one PDF
-    per paper covering every suite of that paper's folder."""
+    per paper covering every suite of that paper's folder (each paper's
+    :class:`~benchmarks.reporting.build.RenderedPaper` appended to ``rendered`` if given)."""
     from benchmarks.report import paper_suites, render_paper, sibling_suites
 
     paths = list(args.suites or [])
@@ -84,6 +103,8 @@ def cmd_report(args) -> int:
     tracker = _tracker(args)
     for paper, suites in papers.items():
         done = render_paper(paper, suites, tracker, args.profile, Path(args.out))
+        if rendered is not None:
+            rendered.append(done)
         for part in done.suites:
             if any(part.report.suite.key == s.key for s in named):
                 runs = int(part.report.table["n_seeds"].sum())
@@ -230,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):
         os.environ["PFL_DATA_DIR"] = args.data_dir
     try:

@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.suite import RunSpec, Suite, SuiteError
-from benchmarks.tracking import Tracker, git_state
+from benchmarks.tracking import Tracker, command_line, git_state
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
@@ -53,6 +53,8 @@ class SweepSummary:
     finished: int
     failed: int
     wall_s: float
+    parent_run_id: str | None = None
+    """The sweep's parent MLflow run (:meth:`benchmarks.tracking.Tracker.start_sweep`)."""
 
 
 class ExecutorError(SuiteError):
@@ -272,11 +274,13 @@ def pending_runs(specs: list[RunSpec], tracker: Tracker) -> tuple[list[RunSpec],
 def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 1,
               device: str = "auto", data_dir: str | None = None, echo=print,
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
-              lockstep_seeds: bool = False) -> SweepSummary:
-    """Run every spec whose config hash has not FINISHED yet; log each as it completes.
-    ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
-    (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
-    the pending seeds of each cell as one lockstep group (one unit of work for the executor)."""
+              lockstep_seeds: bool = False, command: str | None = None) -> SweepSummary:
+    """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
+    of this call's parent run (``command``, default this process's command line, is the source of
+    both; :meth:`benchmarks.tracking.Tracker.start_sweep`). ``executor`` defaults to
+    ``LocalExecutor(jobs)``. ``execution`` is how a run computes (``auto``/``sequential``/``batched``,
+    never part of the config hash); ``lockstep_seeds`` runs the pending seeds of each cell as one
+    lockstep group (one unit of work for the executor)."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
     todo, _ = pending_runs(specs, tracker)
@@ -287,12 +291,14 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         echo(f"{suite.key}: {len(todo)} run(s), {executor.describe()}, device {device}")
     git = git_state()
     meta = {"paper": suite.paper, "table": suite.raw.get("table", "")}
+    command = command or command_line()
+    parent = tracker.start_sweep(suite, specs[0].profile if specs else "", command, git)
     finished = failed = 0
     bar = tqdm(total=len(todo), desc=f"{suite.key} runs", unit="run")
 
     def record(spec: RunSpec, outcome: dict) -> None:
         nonlocal finished, failed
-        tracker.log(spec, meta, outcome, git)
+        tracker.log(spec, meta, outcome, git, parent=parent, command=command)
         if "error" in outcome:
             failed += 1
             bar.write(f"FAILED {spec.cell_id} seed={spec.seed}: {outcome['error']}")
@@ -301,6 +307,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         bar.update(1)
 
     submitted = time.time()
+    interrupted = None
     groups = group_specs(todo, lockstep_seeds)
     calls = [(group, device, data_dir, executor.threads, executor.in_process, execution) for group in groups]
     try:
@@ -310,6 +317,11 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
                 outcomes = [lost] * len(groups[index])
             for spec, outcome in zip(groups[index], outcomes):
                 record(spec, outcome)
+    except BaseException as err:
+        interrupted = err
+        raise
     finally:
         bar.close()
-    return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started)
+        counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed}
+        tracker.end_sweep(parent, counts, interrupted)
+    return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, parent)

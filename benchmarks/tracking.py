@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from benchmarks.suite import RunSpec
+from benchmarks import mlflow_ui as ui
+from benchmarks.suite import RunSpec, Suite
 
 RESULTS_DIR = Path("results")
 METRIC_BATCH = 1000
@@ -64,6 +67,12 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that runs now, as a shell line (``pflbench run suites/... --profile smoke``)."""
+    argv = sys.argv if argv is None else argv
+    return shlex.join([Path(argv[0]).name, *argv[1:]]) if argv else ""
+
+
 class Tracker:
     """Reads and writes the runs of one suite's experiment."""
 
@@ -73,19 +82,38 @@ class Tracker:
         self.artifact_root = artifact_root or default_artifact_root(self.uri)
 
     def experiment_id(self, suite_key: str, create: bool = True) -> str | None:
+        """The id of experiment ``suite_key`` (created if ``create``), tagged as a model-training
+        experiment (``mlflow.experimentKind``, see :mod:`benchmarks.mlflow_ui`) whether new or reused."""
         experiment = self.client.get_experiment_by_name(suite_key)
-        if experiment is not None:
-            return experiment.experiment_id
-        if not create:
-            return None
-        location = None
-        if self.uri.startswith("sqlite:"):
-            self.artifact_root.mkdir(parents=True, exist_ok=True)
-            location = self.artifact_root.resolve().as_uri()
-        return self.client.create_experiment(suite_key, artifact_location=location)
+        if experiment is None:
+            if not create:
+                return None
+            location = None
+            if self.uri.startswith("sqlite:"):
+                self.artifact_root.mkdir(parents=True, exist_ok=True)
+                location = self.artifact_root.resolve().as_uri()
+            exp_id = self.client.create_experiment(suite_key, artifact_location=location,
+                                                   tags={ui.EXPERIMENT_KIND_TAG: ui.TRAINING_KIND})
+        else:
+            exp_id = experiment.experiment_id
+            if experiment.tags.get(ui.EXPERIMENT_KIND_TAG) != ui.TRAINING_KIND:
+                self.client.set_experiment_tag(exp_id, ui.EXPERIMENT_KIND_TAG, ui.TRAINING_KIND)
+        return exp_id
 
-    def runs(self, suite_key: str, status: str | None = "FINISHED"):
-        """All runs of a suite's experiment (optionally of one status), newest first."""
+    def describe_experiment(self, name: str, description: str, columns: tuple[str, ...], metric: str) -> str:
+        """Set experiment ``name``'s saved runs-table view (``columns`` tags and ``metric``, see
+        :func:`benchmarks.mlflow_ui.saved_view`) and its description, unless someone wrote their own
+        (one that does not start like ours, ``**<name>**``); returns its id."""
+        exp = self.experiment_id(name)
+        current = self.client.get_experiment(exp).tags.get(ui.NOTE_TAG)
+        if current is None or current.startswith(f"**{name}**"):
+            self.client.set_experiment_tag(exp, ui.NOTE_TAG, description)
+        self.client.set_experiment_tag(exp, ui.SAVED_VIEW_PREFIX + ui.VIEW_ID, ui.saved_view(columns, metric))
+        return exp
+
+    def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str = ui.CELL):
+        """The runs of a suite's experiment (optionally of one status), newest first: its (cell, seed)
+        runs, or with ``kind="sweep"`` the parent runs of its sweeps (``kind=None``: both)."""
         exp = self.experiment_id(suite_key, create=False)
         if exp is None:
             return []
@@ -96,13 +124,19 @@ class Tracker:
             runs.extend(page)
             token = page.token
             if not token:
-                return runs
+                break
+        if kind is None:
+            return runs
+        is_sweep = kind == ui.SWEEP
+        return [r for r in runs if (r.data.tags.get(ui.RUN_KIND_TAG) == ui.SWEEP) == is_sweep]
 
     def finished_hashes(self, suite_key: str) -> set[str]:
         return {r.data.tags.get("config_hash") for r in self.runs(suite_key, "FINISHED")}
 
-    def log(self, spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool]) -> str:
-        """Record one finished or failed run with its params, metrics, tags and artifacts."""
+    def log(self, spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool],
+            parent: str | None = None, command: str | None = None) -> str:
+        """Record one finished or failed run with its params, metrics, tags and artifacts, nested
+        under the sweep's ``parent`` run, with ``command`` as its source."""
         exp = self.experiment_id(spec.suite)
         tags = {
             "paper": suite_meta["paper"], "table": suite_meta.get("table", ""),
@@ -116,9 +150,15 @@ class Tracker:
             "execution": outcome.get("info", {}).get("execution", ""),
             "lockstep_runs": str(outcome.get("info", {}).get("lockstep_runs", "")),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
+            ui.RUN_KIND_TAG: ui.CELL,
+            ui.NOTE_TAG: ui.run_description(suite_meta["paper"], suite_meta.get("table", ""), spec.cell_id,
+                                            spec.seed, spec.profile),
+            ui.SOURCE_NAME_TAG: command or command_line(), ui.SOURCE_TYPE_TAG: ui.SOURCE_TYPE,
             **{f"cell.{k}": v for k, v in spec.cell.items()},
             **getattr(spec, "tags", {}),  # tuned=true|false and tuned.* provenance (benchmarks.tuning)
         }
+        if parent:
+            tags[ui.PARENT_TAG] = parent
         if outcome.get("info", {}).get("dataset_offline"):
             tags["offline_data"] = "true"
         if "error" in outcome:
@@ -132,6 +172,45 @@ class Tracker:
         status = "FAILED" if "error" in outcome else "FINISHED"
         self.client.set_terminated(run_id, status=status, end_time=int(outcome["ended"] * 1000))
         return run_id
+
+    def start_sweep(self, suite: Suite, profile: str, command: str, git: tuple[str, bool]) -> str:
+        """Open the parent run of one ``pflbench run`` invocation and return its id; its cell runs are
+        logged by :meth:`log` with ``parent=`` that id, then :meth:`end_sweep` closes it. Tags
+        ``run_kind=sweep``, the suite, profile, command and commit; artifacts the suite file (and
+        its tuned-values file, if any). The experiment's description and saved view are (re)set."""
+        exp = self.experiment_id(suite.key)
+        table = suite.raw.get("table", "")
+        tags = {
+            ui.RUN_KIND_TAG: ui.SWEEP, "paper": suite.paper, "table": table, "suite": suite.key,
+            "profile": profile, "command": command, "git_commit": git[0], "git_dirty": str(git[1]).lower(),
+            "mlflow.runName": f"sweep {profile} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            ui.NOTE_TAG: f"{suite.paper}, {table or suite.name} | sweep of profile {profile} | {command}",
+            ui.SOURCE_NAME_TAG: command, ui.SOURCE_TYPE_TAG: ui.SOURCE_TYPE,
+        }
+        run_id = self.client.create_run(exp, tags=tags).info.run_id
+        metric = suite.metric
+        description = ui.suite_description(suite.key, table or suite.name, metric["key"], metric["label"])
+        self.describe_experiment(suite.key, description, ui.SUITE_COLUMNS, metric["key"])
+        for path in (suite.path, suite.tuned_path):
+            if path.is_file():
+                self.client.log_artifact(run_id, str(path), "suite")
+        return run_id
+
+    def end_sweep(self, run_id: str, counts: dict[str, int], error: BaseException | None = None) -> None:
+        """Close a sweep's parent run with its ``counts`` (metrics and tags ``runs_<name>``):
+        FINISHED, FAILED after an ``error``, KILLED after an interrupt (KeyboardInterrupt, SystemExit)."""
+        now = int(time.time() * 1000)
+        named = {f"runs_{k}": v for k, v in counts.items()}
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in named.items()],
+                              tags=[RunTag(k, str(v)) for k, v in named.items()])
+        status = "FINISHED" if error is None else "FAILED" if isinstance(error, Exception) else "KILLED"
+        self.client.set_terminated(run_id, status=status)
+
+    def log_report(self, run_id: str, paths: list[Path]) -> None:
+        """Attach the rendered report files (Markdown, LaTeX, CSV, figures, PDF) to a sweep's parent run."""
+        for path in paths:
+            if Path(path).is_file():
+                self.client.log_artifact(run_id, str(path), "report")
 
     def _log_metrics(self, run_id: str, outcome: dict) -> None:
         now = int(time.time() * 1000)

@@ -454,10 +454,13 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     echo(f"study {name}: {done} finished trial(s), budget {opts.trials}, running {remaining}; "
          f"storage {public_url(storage)}")
     if remaining:
+        from benchmarks import mlflow_ui as ui
         from benchmarks.tracking import Tracker
 
-        # the MLflow store and experiment exist before any worker logs (no migration race)
-        Tracker(opts.tracking_uri).experiment_id(f"{suite.key}/tuning")
+        # the MLflow store and experiment exist before any worker logs (no migration race); the
+        # experiment opens as model training with its description and saved view (benchmarks.mlflow_ui)
+        Tracker(opts.tracking_uri).describe_experiment(f"{suite.key}/tuning", ui.tuning_description(suite.key),
+                                                       ui.TUNING_COLUMNS, "value")
         from benchmarks.runner import LocalExecutor
 
         executor = executor or LocalExecutor(opts.jobs)

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import copy
+import socket
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -67,6 +71,28 @@ def suite_data() -> dict:
 def tiny_suite(tmp_path) -> Path:
     """Path of the tiny suite written into tmp_path."""
     return write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, proc: subprocess.Popen, timeout: float = 180.0) -> bytes:
+    """GET ``url`` until it answers 200 (a server ``proc`` starting up); fails if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args[0]} exited with {proc.returncode} before serving {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return answer.read()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def store(root: Path) -> tuple[str, Path]:

@@ -28,10 +28,12 @@ def uri(tmp_path):
     return f"sqlite:///{tmp_path}/store/mlflow.db"
 
 
-def count_runs(uri: str) -> int:
+def count_runs(uri: str, kind: str = "cell") -> int:
+    """Runs of the store: (cell, seed) runs, or with ``kind="sweep"`` the parent run of each sweep."""
     client = MlflowClient(tracking_uri=uri)
     exps = [e.experiment_id for e in client.search_experiments()]
-    return len(client.search_runs(exps)) if exps else 0
+    runs = client.search_runs(exps) if exps else []
+    return sum((r.data.tags.get("run_kind") == "sweep") == (kind == "sweep") for r in runs)
 
 
 def spec_lines(out: str, specs) -> dict[str, str]:
@@ -59,7 +61,7 @@ def test_dry_run_then_run_then_dry_run(tiny_suite, uri, capsys, tmp_path):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"{len(specs)} finished, 0 failed, 0 skipped of {len(specs)} runs" in out
-    assert count_runs(uri) == len(specs)
+    assert (count_runs(uri), count_runs(uri, "sweep")) == (len(specs), 1)
 
     assert main(args + ["--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -69,7 +71,7 @@ def test_dry_run_then_run_then_dry_run(tiny_suite, uri, capsys, tmp_path):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"0 finished, 0 failed, {len(specs)} skipped of {len(specs)} runs" in out
-    assert count_runs(uri) == len(specs)
+    assert (count_runs(uri), count_runs(uri, "sweep")) == (len(specs), 2)  # a dry run has no parent run
 
 
 def test_only_and_seeds_in_dry_run(tiny_suite, uri, capsys, tmp_path):

@@ -1,0 +1,134 @@
+"""What MLflow's web UI reads from the harness's tags, so a suite opens as a model-training dashboard.
+
+Checked against the UI bundled with mlflow 3.17.2 (``mlflow/server/js/build/static/js``):
+
+* ``mlflow.experimentKind`` (experiment tag): ``custom_model_development`` is the training kind
+  (the UI's ``ExperimentKind.CUSTOM_MODEL_DEVELOPMENT``; ``genai_development`` the GenAI one). The
+  harness sets it on every experiment it creates or reuses. MLflow 3.17's UI, however, picks the
+  view from its sidebar switch "GenAI | Model training" (local storage ``mlflow.workflowType``, or
+  the URL parameter ``workflowType``), which defaults to GenAI and overrides the tag; hence
+  :func:`experiment_url` carries ``workflowType=machine_learning``.
+* ``mlflow.sharedViewState.<id>`` (experiment tag): a saved runs-table view (the "Views" menu),
+  a JSON envelope ``{name, createdAt, updatedAt, state}`` whose ``state`` is the JSON of the
+  runs-table state (``selectedColumns``, ``orderByKey``, ...; the UI ignores ``runsExpanded`` there);
+  the URL parameter ``viewStateShareKey=<id>`` opens it. Sorted by a tag, the table lists runs flat
+  (nesting under parents shows only when sorted by creation time, with each parent collapsed), so
+  the view sorted by cell shows every cell run at once.
+* ``mlflow.note.content``: the description of an experiment (Markdown, shown above its runs) or of
+  a run (the run page's "Description", the runs table's "Description" column).
+* ``mlflow.source.name`` / ``mlflow.source.type``: a run's "Source" (the command that produced it).
+  Type ``JOB``: the UI shows the whole name of a JOB source (without Databricks job ids) but cuts
+  any other type's name at its last ``/``, which would leave ``mlflow.db --device cpu`` of a command.
+* ``mlflow.parentRunId``: nests a run under its parent (one parent run per sweep).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
+NOTE_TAG = "mlflow.note.content"
+SOURCE_NAME_TAG = "mlflow.source.name"
+SOURCE_TYPE_TAG = "mlflow.source.type"
+PARENT_TAG = "mlflow.parentRunId"
+SAVED_VIEW_PREFIX = "mlflow.sharedViewState."
+VIEW_ID = "pflbench"
+"""Id of the harness's saved view of each experiment (tag ``mlflow.sharedViewState.pflbench``)."""
+RUN_KIND_TAG = "run_kind"
+"""``sweep`` on the parent run of a ``pflbench run`` invocation, ``cell`` on a (cell, seed) run."""
+SWEEP, CELL = "sweep", "cell"
+
+SUITE_COLUMNS = ("method", "cell", "seed", "profile", "tuned")
+"""Tag columns of a suite experiment's saved view, followed by the suite's metric."""
+TUNING_COLUMNS = ("method", "cell", "study", "trial", "state", "profile")
+"""Tag columns of a ``<suite>/tuning`` experiment's saved view, followed by the trial's ``value``."""
+
+
+def _column(kind: str, key: str) -> str:
+    """A runs-table column id as the UI writes it: ``tags.`method```, ``metrics.`acc```."""
+    return f"{kind}.`{key}`"
+
+
+SOURCE_TYPE = "JOB"
+
+
+def saved_view(tags: tuple[str, ...], metric: str, name: str = "pflbench: results", order_by: str = "cell") -> str:
+    """The JSON of the experiment tag ``mlflow.sharedViewState.<VIEW_ID>``: the runs table with the
+    run description, the tag columns ``tags``, the metric and the source, sorted by tag ``order_by``."""
+    state = {
+        "searchFilter": "", "orderByKey": _column("tags", order_by), "orderByAsc": True,
+        "startTime": "ALL", "lifecycleFilter": "Active",
+        "selectedColumns": [_column("attributes", "Description"), *(_column("tags", t) for t in tags),
+                            _column("metrics", metric), _column("attributes", "Source")],
+    }
+    now = int(time.time() * 1000)
+    return json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)})
+
+
+LOCAL_UI = "http://127.0.0.1:5000"
+"""Where ``make mlflow-ui`` serves a local store."""
+
+
+def ui_base(tracking_uri: str) -> str:
+    """The UI address of a store: a tracking server's own URI, else ``make mlflow-ui``'s."""
+    return tracking_uri if tracking_uri.startswith(("http://", "https://")) else LOCAL_UI
+
+
+def experiment_url(base: str, experiment_id: str) -> str:
+    """The link that opens an experiment's runs table in the model-training view with the saved view."""
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_ID}")
+
+
+def run_url(base: str, experiment_id: str, run_id: str, tab: str | None = "model-metrics") -> str:
+    """A run's page on ``tab`` (``model-metrics``: the per-step charts of ``round/*`` and ``curve/*``;
+    None: the overview, with the description, source, metrics and parameters)."""
+    path = f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}" + (f"/{tab}" if tab else "")
+    return f"{path}?workflowType=machine_learning"
+
+
+def suite_description(suite_key: str, title: str, metric: str, metric_label: str) -> str:
+    """Markdown shown above a suite experiment's runs."""
+    return (f"**{suite_key}**: {title}; metric `{metric}` ({metric_label}). One run per (cell, seed, "
+            f"profile), a child of its *sweep* run (one per `pflbench run`: suite, command, counts, report). "
+            f"A run's *Model metrics* tab plots `round/*` by round and `curve/*` by fine-tuning step. "
+            f"Filter with e.g. `tags.method = 'fedavg'`, `tags.profile = 'paper'`, `tags.tuned = 'true'`, "
+            f"`tags.run_kind = 'cell'`; the view *pflbench: results* (Views menu) shows method, cell, "
+            f"seed, profile, tuned and `{metric}`.")
+
+
+def tuning_description(suite_key: str) -> str:
+    """Markdown shown above a ``<suite>/tuning`` experiment's runs."""
+    return (f"**{suite_key}/tuning**: one run per Optuna trial of `pflbench tune` (validation data only), "
+            f"tagged `study`, `trial`, `state`, `value`, `method`, `cell`, `profile`; `objective` is "
+            f"plotted per evaluation step. The view *pflbench: results* (Views menu) shows them.")
+
+
+def run_description(paper: str, table: str, cell: str, seed: int, profile: str) -> str:
+    """One line: paper, table, cell, seed, profile."""
+    where = f"{paper}, {table}" if table else paper
+    return f"{where} | {cell} | seed {seed} | profile {profile}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.mlflow_ui --store URI --base URL``: print the link of every experiment
+    of a store (``make mlflow-ui`` runs it before serving the UI)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mlflow_ui", description=main.__doc__)
+    parser.add_argument("--store", required=True, help="tracking URI, e.g. sqlite:///results/mlflow.db")
+    parser.add_argument("--base", default=LOCAL_UI, help=f"UI address (default {LOCAL_UI})")
+    args = parser.parse_args(argv)
+    from mlflow.tracking import MlflowClient
+
+    experiments = [e for e in MlflowClient(tracking_uri=args.store).search_experiments() if e.name != "Default"]
+    print("MLflow experiments (runs table, model-training view):" if experiments else
+          f"no experiment in {args.store} yet: run `make demo` or `pflbench run SUITE`")
+    for exp in sorted(experiments, key=lambda e: e.name):
+        print(f"  {exp.name:32s} {experiment_url(args.base, exp.experiment_id)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
