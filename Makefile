@@ -15,7 +15,7 @@ SUITES   := $(sort $(wildcard suites/*/*.yaml))
 RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report --out $(OUT)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast mlflow-ui list clean-results
+.PHONY: help setup demo test test-fast mlflow-ui list clean-results browser
 
 help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,6 +41,18 @@ reproduce-%: $(STAMP) ## reproduce-<paper>-<suite>: one suite; reproduce-<paper>
 	[ -n "$$suites" ] || { echo "no suite for '$*'; see 'make help'"; exit 2; }; \
 	for f in $$suites; do $(call RUN,$$f) || exit $$?; done
 
+# Chromium for tests/test_mlflow_browser.py (driven by the `playwright` package of the dev extra; Playwright's
+# own browser download is not used). Debian/Ubuntu: installed with apt-get when missing.
+CHROMIUM ?= /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+browser: ## Install Chromium for the MLflow browser test when it is missing (apt-get; CI runs it before `make test`)
+	@if [ -x $(CHROMIUM) ]; then echo "chromium: $(CHROMIUM)"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; \
+	else echo "no $(CHROMIUM) and no apt-get: install Chromium and pass CHROMIUM=/path (PFL_CHROMIUM for pytest);" \
+		"tests/test_mlflow_browser.py skips without it"; fi
+
 test: $(STAMP) ## Run the whole test suite
 	$(BIN)/python -m pytest -q
 
@@ -51,7 +63,8 @@ list: $(STAMP) ## List registered methods, datasets, models, partitioners and su
 	@for what in methods datasets models partitioners protocols suites; do \
 		echo "== $$what"; $(PFLBENCH) list $$what; done
 
-mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:$(PORT))
+mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:$(PORT)); prints each suite's link
+	@$(BIN)/python -m benchmarks.mlflow_ui --store sqlite:///$(CURDIR)/results/mlflow.db --base http://127.0.0.1:$(PORT)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/results/mlflow.db \
 		--default-artifact-root $(CURDIR)/results/mlartifacts --host 127.0.0.1 --port $(PORT)
 
@@ -80,4 +93,5 @@ tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation da
 
 optuna-dashboard: $(STAMP) ## Serve the Optuna dashboard on the local study store (http://127.0.0.1:$(PORT))
 	@[ -x $(BIN)/optuna-dashboard ] || $(BIN)/pip install --quiet -e '.[dashboard]'
+	@mkdir -p $(dir $(OPTUNA_DB))
 	$(BIN)/optuna-dashboard sqlite:///$(OPTUNA_DB) --host 127.0.0.1 --port $(PORT)
