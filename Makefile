@@ -94,4 +94,6 @@ tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation da
 optuna-dashboard: $(STAMP) ## Serve the Optuna dashboard on the local study store (http://127.0.0.1:$(PORT))
 	@[ -x $(BIN)/optuna-dashboard ] || $(BIN)/pip install --quiet -e '.[dashboard]'
 	@mkdir -p $(dir $(OPTUNA_DB))
+	@# a fresh machine has no study store yet: create its tables (optuna-dashboard fails on an empty file)
+	@$(BIN)/python -c "import optuna, sys; optuna.storages.RDBStorage(sys.argv[1])" sqlite:///$(OPTUNA_DB)
 	$(BIN)/optuna-dashboard sqlite:///$(OPTUNA_DB) --host 127.0.0.1 --port $(PORT)

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from wsgiref.util import setup_testing_defaults
 
 import pytest
 
 from benchmarks.tuning import TuneOptions, tune
-from conftest import free_port, store, tiny_suite_dict, wait_for, write_suite
+from conftest import REPO_ROOT, free_port, store, tiny_suite_dict, wait_for, write_suite
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard", reason="pip install -e '.[dashboard]'")
 
@@ -73,19 +77,35 @@ def test_dashboard_page_is_served(dashboard):
     assert status.startswith("200") and b"<html" in body.lower()
 
 
-def test_the_command_make_runs_serves_the_study(dashboard, tmp_path_factory):
-    """`make optuna-dashboard` runs `optuna-dashboard sqlite:///... --host 127.0.0.1 --port PORT`."""
-    _, result, storage = dashboard
-    exe = Path(sys.executable).with_name("optuna-dashboard")
-    if not exe.exists():
-        pytest.skip(f"no {exe}")
+@contextmanager
+def make_optuna_dashboard(db: Path, log_dir: Path):
+    """`make optuna-dashboard` on study store ``db`` and a free port (the venv of this interpreter;
+    ``STAMP=`` skips the install step, which `make setup` covers); yields the dashboard's URL."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    venv = Path(sys.executable).parent.parent
     port = free_port()
-    log = (tmp_path_factory.mktemp("dashlog") / "server.log").open("w")
-    proc = subprocess.Popen([str(exe), storage, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    log = (log_dir / "make.log").open("w")
+    proc = subprocess.Popen(["make", "-C", str(REPO_ROOT), "optuna-dashboard", "STAMP=", f"VENV={venv}",
+                             f"PORT={port}", f"OPTUNA_DB={db}"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
-        body = wait_for(f"http://127.0.0.1:{port}/api/studies", proc)
-        assert [s["study_name"] for s in json.loads(body)["study_summaries"]] == [result.study_name]
+        yield f"http://127.0.0.1:{port}", proc
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)  # make and the dashboard it started
         proc.wait(timeout=30)
+        log.close()
+
+
+def test_make_optuna_dashboard_serves_the_study(dashboard, tmp_path):
+    _, result, storage = dashboard
+    with make_optuna_dashboard(Path(storage[len("sqlite:///"):]), tmp_path) as (url, proc):
+        body = wait_for(f"{url}/api/studies", proc)
+    assert [s["study_name"] for s in json.loads(body)["study_summaries"]] == [result.study_name]
+
+
+def test_make_optuna_dashboard_on_a_fresh_machine_without_studies(tmp_path):
+    db = tmp_path / "results" / "optuna.db"  # neither the folder nor the file exists yet
+    with make_optuna_dashboard(db, tmp_path) as (url, proc):
+        body = wait_for(f"{url}/api/studies", proc)
+    assert json.loads(body)["study_summaries"] == []
