@@ -55,12 +55,13 @@ SOURCE_TYPE = "JOB"
 
 def saved_view(tags: tuple[str, ...], metric: str, name: str = "pflbench: results", order_by: str = "cell") -> str:
     """The JSON of the experiment tag ``mlflow.sharedViewState.<VIEW_ID>``: the runs table with the
-    run description, the tag columns ``tags``, the metric and the source, sorted by tag ``order_by``."""
+    metric and the tag columns ``tags``, sorted by tag ``order_by``. Run name, creation time and
+    duration always show; the description and source columns are left out (the UI renders only the
+    columns that fit the window, and a run's page shows both)."""
     state = {
         "searchFilter": "", "orderByKey": _column("tags", order_by), "orderByAsc": True,
         "startTime": "ALL", "lifecycleFilter": "Active",
-        "selectedColumns": [_column("attributes", "Description"), *(_column("tags", t) for t in tags),
-                            _column("metrics", metric), _column("attributes", "Source")],
+        "selectedColumns": [_column("metrics", metric), *(_column("tags", t) for t in tags)],
     }
     now = int(time.time() * 1000)
     return json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)})

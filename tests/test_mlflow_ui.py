@@ -79,9 +79,8 @@ def test_saved_view_is_the_envelope_the_ui_parses():
     envelope = json.loads(ui.saved_view(ui.SUITE_COLUMNS, "acc_last3"))
     assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
     state = json.loads(envelope["state"])
-    assert state["selectedColumns"] == ["attributes.`Description`", "tags.`method`", "tags.`cell`", "tags.`seed`",
-                                        "tags.`profile`", "tags.`tuned`", "metrics.`acc_last3`",
-                                        "attributes.`Source`"]
+    assert state["selectedColumns"] == ["metrics.`acc_last3`", "tags.`method`", "tags.`cell`", "tags.`seed`",
+                                        "tags.`profile`", "tags.`tuned`"]
     assert (state["orderByKey"], state["orderByAsc"]) == ("tags.`cell`", True)
     url = ui.experiment_url("http://127.0.0.1:5000/", "7")
     assert url == ("http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"

@@ -1,0 +1,149 @@
+"""The MLflow UI in a real browser: a smoke sweep of the demo suite, `mlflow server` on 127.0.0.1 and
+headless Chromium (system Chromium driven by the `playwright` package; `make browser` installs it).
+
+Skipped when Playwright or Chromium is absent. ``PFL_CHROMIUM`` names another Chromium binary;
+``PFL_UI_SCREENSHOTS=DIR`` saves the pages it checks as PNGs (how reports/ui/*.png were made).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import mlflow_ui as ui
+from benchmarks.cli import main
+from benchmarks.tracking import Tracker
+from conftest import REPO_ROOT, free_port, wait_for
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' (playwright)")
+CHROMIUM = Path(os.environ.get("PFL_CHROMIUM", "/usr/bin/chromium"))
+if not CHROMIUM.exists():
+    pytest.skip(f"no Chromium at {CHROMIUM} (`make browser`, or PFL_CHROMIUM=/path)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+"""Without the networking flags Chromium's own background connections are refused on a machine
+without internet, which stalls page loads."""
+WAIT_MS = 180_000  # a loaded 2-core machine renders the UI slowly
+DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A store filled by `pflbench run suites/demo/offline.yaml --profile smoke`, served by `mlflow server`."""
+    root = tmp_path_factory.mktemp("ui")
+    uri = f"sqlite:///{root}/store/mlflow.db"
+    (root / "store").mkdir()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.chdir(root)
+        assert main(["run", str(DEMO), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri]) == 0
+    tracker = Tracker(uri)
+    port = free_port()
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
+                             "--port", str(port), "--workers", "1"], stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/health", proc)
+        yield {"base": f"http://127.0.0.1:{port}", "tracker": tracker, "key": "demo/offline",
+               "experiment": tracker.experiment_id("demo/offline", create=False)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM), args=CHROMIUM_ARGS,
+            headless=True, viewport={"width": 1600, "height": 1000})
+        tab = context.new_page()
+        tab.set_default_timeout(WAIT_MS)
+        yield tab
+        context.close()
+
+
+def screenshot(page, name: str) -> None:
+    folder = os.environ.get("PFL_UI_SCREENSHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(3000)  # let the charts finish drawing
+        page.screenshot(path=str(Path(folder) / name))
+
+
+def open_page(page, url: str, ready: str) -> None:
+    page.goto(url, wait_until="commit", timeout=WAIT_MS)
+    page.get_by_text(ready, exact=True).first.wait_for()
+
+
+def test_runs_table_lists_every_run_with_method_and_metric(served, page):
+    tracker = served["tracker"]
+    runs = tracker.runs(served["key"])
+    (sweep,) = tracker.runs(served["key"], kind=ui.SWEEP)
+    assert len(runs) == 6
+    open_page(page, ui.experiment_url(served["base"], served["experiment"]), runs[0].data.tags["mlflow.runName"])
+    assert "workflowType=machine_learning" in page.url
+    # the UI renders only the columns that fit the window: the view puts the metric and method first
+    headers = page.locator("[role=columnheader]").all_inner_texts()
+    assert {"Run Name", "acc_last3", "method"} <= set(headers), headers
+    for run in [*runs, sweep]:
+        cells = page.locator(f'[row-id="{run.info.run_id}"]')
+        cells.first.wait_for()
+        text = " | ".join(cells.all_inner_texts())
+        assert run.data.tags["mlflow.runName"] in text
+        if run is not sweep:
+            assert f"| {run.data.tags['method']}" in text.replace("\n", " | ")
+            assert repr(run.data.metrics["acc_last3"]) in text  # the metric column, as MLflow prints it
+            assert run.data.tags["cell"] in text
+    body = page.inner_text("body")
+    assert "pflbench: results" in body  # the saved view is the one shown
+    assert "No data available" not in body  # not the GenAI overview
+    screenshot(page, "experiment.png")
+
+
+def test_run_page_plots_the_fine_tuning_and_round_curves(served, page):
+    tracker = served["tracker"]
+    (run,) = [r for r in tracker.runs(served["key"])
+              if r.data.tags["method"] == "fedavg_ft" and r.data.tags["cell.setting"] == "digits28-unseen"]
+    curve = tracker.client.get_metric_history(run.info.run_id, "curve/acc")
+    losses = tracker.client.get_metric_history(run.info.run_id, "round/train_loss")
+    assert len(curve) == 3 and len(losses) == 2  # smoke: fine-tuning steps 0..2, rounds 1..2
+    open_page(page, ui.run_url(served["base"], served["experiment"], run.info.run_id), "curve")
+    page.locator(".js-plotly-plot").first.wait_for()
+    page.wait_for_timeout(2000)
+    traces = page.locator(".js-plotly-plot").evaluate_all(
+        "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
+
+    def plotted(history) -> bool:
+        xs, ys = [m.step for m in history], [m.value for m in history]
+        return any(t["x"] == xs and t["y"] == pytest.approx(ys) for t in traces)
+
+    assert plotted(curve), traces
+    page.get_by_placeholder("Search metric charts").fill("train_loss")  # round/train_loss is below the fold
+    page.wait_for_timeout(3000)
+    traces = page.locator(".js-plotly-plot").evaluate_all(
+        "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
+    assert plotted(losses), traces
+    page.get_by_placeholder("Search metric charts").fill("")
+    page.locator(".js-plotly-plot").first.wait_for()
+    screenshot(page, "run-metrics.png")
+
+
+def test_run_overview_shows_description_and_command(served, page):
+    tracker = served["tracker"]
+    run = tracker.runs(served["key"])[0]
+    open_page(page, ui.run_url(served["base"], served["experiment"], run.info.run_id, tab=None),
+              run.data.tags["mlflow.runName"])
+    page.get_by_text(run.data.tags[ui.NOTE_TAG]).first.wait_for()
+    body = page.inner_text("body")
+    assert run.data.tags[ui.NOTE_TAG] in body  # paper, table, cell, seed, profile
+    command = run.data.tags[ui.SOURCE_NAME_TAG]
+    assert command.startswith("pflbench run ") and str(DEMO) in command
+    assert command in body
+    screenshot(page, "run-overview.png")
