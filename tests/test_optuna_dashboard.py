@@ -41,11 +41,11 @@ def dashboard(tmp_path_factory):
     opts = TuneOptions(profile="smoke", trials=2, storage=storage, seeds=(1000,), device="cpu",
                        tracking_uri=uri, echo=None, write=False)
     (result,) = tune(suite, ["fedavg"], {"setting": ["iid"]}, opts)
-    return optuna_dashboard.wsgi(storage), result, storage
+    return optuna_dashboard.wsgi(storage), result, storage, uri
 
 
 def test_dashboard_lists_the_study_by_its_name(dashboard):
-    app, result, _ = dashboard
+    app, result, _, _ = dashboard
     status, body = get(app, "/api/studies")
     assert status.startswith("200")
     studies = json.loads(body)["study_summaries"]
@@ -54,7 +54,7 @@ def test_dashboard_lists_the_study_by_its_name(dashboard):
 
 
 def test_dashboard_shows_the_tuning_user_attributes_and_trials(dashboard):
-    app, result, _ = dashboard
+    app, result, _, _ = dashboard
     study_id = json.loads(get(app, "/api/studies")[1])["study_summaries"][0]["study_id"]
     status, body = get(app, f"/api/studies/{study_id}")
     assert status.startswith("200")
@@ -72,9 +72,24 @@ def test_dashboard_shows_the_tuning_user_attributes_and_trials(dashboard):
 
 
 def test_dashboard_page_is_served(dashboard):
-    app, _, _ = dashboard
+    app, _, _, _ = dashboard
     status, body = get(app, "/dashboard")
     assert status.startswith("200") and b"<html" in body.lower()
+
+
+def test_tuning_experiment_opens_as_model_training_with_its_view(dashboard):
+    """The MLflow experiment of the trials (`<suite>/tuning`) is tagged and described like a suite's."""
+    from benchmarks import mlflow_ui as ui
+    from benchmarks.tracking import Tracker
+
+    *_, uri = dashboard
+    tracker = Tracker(uri)
+    exp = tracker.client.get_experiment(tracker.experiment_id("tiny/mini/tuning", create=False))
+    assert exp.tags[ui.EXPERIMENT_KIND_TAG] == ui.TRAINING_KIND
+    assert exp.tags[ui.NOTE_TAG].startswith("**tiny/mini/tuning**")
+    state = json.loads(json.loads(exp.tags[ui.SAVED_VIEW_PREFIX + ui.VIEW_ID])["state"])
+    assert state["selectedColumns"][:3] == ["metrics.`value`", "tags.`method`", "tags.`cell`"]
+    assert len(tracker.runs("tiny/mini/tuning", status=None)) == 2  # one run per trial
 
 
 @contextmanager
@@ -98,7 +113,7 @@ def make_optuna_dashboard(db: Path, log_dir: Path):
 
 
 def test_make_optuna_dashboard_serves_the_study(dashboard, tmp_path):
-    _, result, storage = dashboard
+    _, result, storage, _ = dashboard
     with make_optuna_dashboard(Path(storage[len("sqlite:///"):]), tmp_path) as (url, proc):
         body = wait_for(f"{url}/api/studies", proc)
     assert [s["study_name"] for s in json.loads(body)["study_summaries"]] == [result.study_name]
