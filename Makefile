@@ -49,7 +49,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser: ## Install Chromium for the MLflow browser test when it is missing (apt-get; CI runs it before `make test`)
 	@if [ -x $(CHROMIUM) ]; then echo "chromium: $(CHROMIUM)"; \
 	elif command -v apt-get >/dev/null 2>&1; then \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	else echo "no $(CHROMIUM) and no apt-get: install Chromium and pass CHROMIUM=/path (PFL_CHROMIUM for pytest);" \
 		"tests/test_mlflow_browser.py skips without it"; fi
 
