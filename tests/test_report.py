@@ -150,7 +150,7 @@ def mlflow_values(uri: str, suite, profile: str) -> dict[str, list[float]]:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(suite.key)
     runs = client.search_runs([exp.experiment_id],
-                              f"tags.profile = '{profile}' and attributes.status = 'FINISHED'")
+                              f"tags.profile = '{profile}' and tags.run_kind = 'cell' and attributes.status = 'FINISHED'")
     values: dict[str, list[float]] = {}
     for run in runs:
         values.setdefault(run.data.tags["cell"], []).append(
