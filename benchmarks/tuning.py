@@ -471,7 +471,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
             logger = TrialLogger(suite, cell, method, opts, storage, describe) if executor.remote else None
             calls = [(str(suite.path.resolve()), cell, method, worker_opts, name, storage, share,
                       done + 7919 * (k + 1), executor.threads, not executor.remote) for k, share in enumerate(shares)]
-            for _, _, error in executor.map(_optimize, calls):
+            for _, _, error in executor.map(_optimize, enumerate(calls)):
                 if logger:
                     log_unlogged_trials(name, storage, logger)
                 if error is not None:

@@ -277,11 +277,7 @@ def test_process_pool_matches_in_process(tmp_path, swept):
     for spec in specs:
         ours, ours_hist = _metrics_and_history(tracker, pooled[spec.config_hash])
         theirs, theirs_hist = _metrics_and_history(swept["tracker"], swept["by_hash"][spec.config_hash])
-        assert ours.keys() == theirs.keys()
-        for key in theirs:  # thread counts differ (1 per worker vs the default): allow float noise
-            assert ours[key] == pytest.approx(theirs[key], rel=1e-5, abs=1e-9), key
-        assert [s for s, _ in ours_hist] == [s for s, _ in theirs_hist]
-        assert [v for _, v in ours_hist] == pytest.approx([v for _, v in theirs_hist], rel=1e-5)
+        assert ours == theirs and ours_hist == theirs_hist  # one torch thread per run either way: bit-identical
 
 
 def test_git_state_outside_a_repository(tmp_path, monkeypatch):
