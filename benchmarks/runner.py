@@ -33,6 +33,7 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
 import torch
@@ -42,6 +43,7 @@ from benchmarks.suite import RunSpec, Suite, SuiteError
 from benchmarks.claims import LEASE_S, ClaimBook
 from benchmarks.lifecycle import Interrupted, signals_interrupt, worker_init
 from benchmarks.tracking import Tracker, git_state
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
@@ -80,17 +82,47 @@ def check_threads(threads: int | None) -> int:
     return threads or DEFAULT_THREADS
 
 
-def _kill_hook(spec: RunSpec) -> None:
+def _kill_hook(spec: RunSpec, after_round: int | None = None) -> None:
+    """The test hook of :data:`KILL_HOOK_ENV`: before a run (``after_round`` None) or after its
+    round ``after_round`` (a file ``<hash>.round<N>``)."""
     folder = os.environ.get(KILL_HOOK_ENV)
     if not folder:
         return
-    if os.path.exists(os.path.join(folder, spec.config_hash + ".always")):
+    if after_round is None and os.path.exists(os.path.join(folder, spec.config_hash + ".always")):
         os.kill(os.getpid(), signal.SIGKILL)
+    name = spec.config_hash if after_round is None else f"{spec.config_hash}.round{after_round}"
     try:
-        os.remove(os.path.join(folder, spec.config_hash))
+        os.remove(os.path.join(folder, name))
     except FileNotFoundError:
         return
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where and how often runs save their federation state (``--checkpoint-every``,
+    ``--checkpoint-dir``): ``<folder>/<config hash>.pt``, every ``every`` rounds (0: never). A run
+    with a checkpoint resumes from it; the parent deletes it once the run is logged."""
+
+    folder: str
+    every: int = 0
+
+    def path(self, spec: RunSpec) -> Path:
+        return Path(self.folder) / f"{spec.config_hash}.pt"
+
+    def for_runs(self, specs: list[RunSpec]) -> Checkpointing | None:
+        return Checkpointing([self.path(s) for s in specs], self.every) if self.every else None
+
+    def discard(self, spec: RunSpec) -> None:
+        self.path(spec).unlink(missing_ok=True)
+
+
+def default_checkpoint_dir(tracking_uri: str) -> Path:
+    """Checkpoints of a SQLite store live beside its database (``checkpoints/``), else under
+    ``results/checkpoints``."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri[len("sqlite:///"):]).parent.resolve() / "checkpoints"
+    return Path("results", "checkpoints").resolve()
 
 
 def _failure(started: float, err: BaseException) -> dict:
@@ -108,23 +140,26 @@ def _outcome(started: float, result) -> dict:
 
 
 def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
-                  progress: bool = False, execution: str = "auto") -> list[dict]:
+                  progress: bool = False, execution: str = "auto",
+                  checkpoints: CheckpointPlan | None = None) -> list[dict]:
     """Run specs that differ only in their seed - in lockstep when there are several
     (:func:`pfl_core.experiment.run_experiments`) - with ``threads`` torch threads, and return one
     picklable outcome (metrics, history, clients) or error per spec. A group that fails is rerun
-    one spec at a time, so that one diverging seed fails alone."""
+    one spec at a time, so that one diverging seed fails alone. ``checkpoints``: save and resume
+    (:class:`CheckpointPlan`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _execute(specs, device, data_dir, threads, progress, execution)
+        return _execute(specs, device, data_dir, threads, progress, execution, checkpoints)
     finally:
         torch.set_num_threads(before)  # a run in this process leaves the caller's setting as it was
 
 
 def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: int, progress: bool,
-             execution: str) -> list[dict]:
+             execution: str, checkpoints: CheckpointPlan | None) -> list[dict]:
     for spec in specs:
         _kill_hook(spec)
+    saving = checkpoints.for_runs(specs) if checkpoints else None
     started = time.time()
     cfgs = [RunConfig.from_dict(spec.config) for spec in specs]
     seeds = ",".join(str(spec.seed) for spec in specs)
@@ -134,18 +169,20 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
     def on_round(round_idx: int, metrics: dict) -> None:
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
+        _kill_hook(specs[0], after_round=round_idx + 1)
 
     try:
         if len(specs) == 1:
             results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution)]
+                                      execution=execution, checkpointing=saving)]
         else:
             results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution)
+                                      execution=execution, checkpointing=saving)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
         if len(specs) > 1:
             bar.close()
-            return [_execute([spec], device, data_dir, threads, progress, execution)[0] for spec in specs]
+            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints)[0]
+                    for spec in specs]
         return [_failure(started, err)]
     finally:
         bar.close()
@@ -410,7 +447,8 @@ class SweepInterrupted(Interrupted):
 def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 1,
               device: str = "auto", data_dir: str | None = None, echo=print,
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
-              lockstep_seeds: bool = False, lease_s: float = LEASE_S) -> SweepSummary:
+              lockstep_seeds: bool = False, lease_s: float = LEASE_S,
+              checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes.
     ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
     (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
@@ -419,9 +457,16 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     Each run is claimed (:mod:`benchmarks.claims`, lease ``lease_s``) just before a worker starts
     it, so concurrent sweeps of the same suite on the same store split the runs; RUNNING runs of
     dead runners are marked KILLED first and recomputed. SIGINT/SIGTERM raise
-    :class:`SweepInterrupted` after the workers are killed and the claimed runs marked KILLED."""
+    :class:`SweepInterrupted` after the workers are killed and the claimed runs marked KILLED.
+    ``checkpoint_every`` N > 0 saves each run's state every N rounds under ``checkpoint_dir``
+    (default :func:`default_checkpoint_dir`), keyed by config hash; a run that finds its
+    checkpoint resumes from it (tag ``resumed_from_round``)."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
+    if checkpoint_every < 0:
+        raise ExecutorError(f"--checkpoint-every must be >= 0 rounds, got {checkpoint_every}")
+    plan = CheckpointPlan(str(Path(checkpoint_dir or default_checkpoint_dir(tracker.uri)).resolve()),
+                          checkpoint_every) if checkpoint_every else None
     distinct = unique(specs)
     if len(distinct) < len(specs):
         echo(f"{suite.key}: {len(specs) - len(distinct)} duplicate run(s) (same config hash as another) run once")
@@ -448,6 +493,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         run_id = held.pop(spec.config_hash)
         tracker.log(spec, meta, outcome, git, run_id=run_id)
         claims.done(run_id)
+        if plan is not None:
+            plan.discard(spec)
         if "error" in outcome:
             failed += 1
             bar.write(f"FAILED {spec.cell_id} seed={spec.seed}: {outcome['error']}")
@@ -472,7 +519,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
                     won.append(spec)
             if won:
                 yield (tuple(s.config_hash for s in won),
-                       (won, device, data_dir, executor.threads, executor.in_process, execution))
+                       (won, device, data_dir, executor.threads, executor.in_process, execution, plan))
 
     submitted = time.time()
     results = executor.map(execute_specs, claimed_calls())

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from pfl_core.algorithms import METHODS
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
 from pfl_core.data.federated import ArrayDataset, standardize
@@ -190,14 +191,16 @@ def run_experiment(
     data_dir: str | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
+    checkpointing: Checkpointing | None = None,
 ) -> RunResult:
     """Run one configuration and return its results (raises DivergenceError on NaN).
 
     ``execution`` is how the clients are run, never what is computed (the config hash ignores it):
     ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
     :mod:`pfl_core.engine`), or ``auto`` (:func:`make_executor`). A method without a client
-    program runs sequentially either way; ``info["execution"]`` records the path taken and why."""
-    return run_experiments([cfg], device, data_dir, on_round, execution)[0]
+    program runs sequentially either way; ``info["execution"]`` records the path taken and why.
+    ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it."""
+    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing)[0]
 
 
 def run_experiments(
@@ -206,26 +209,34 @@ def run_experiments(
     data_dir: str | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
+    checkpointing: Checkpointing | None = None,
 ) -> list[RunResult]:
     """Run configurations that differ only in their seed *in lockstep*: every round, the sampled
     clients of all of them go to the executor together (on the batched path: one vmapped stack of
     clients x seeds). Each run keeps its own partition, client samples, batches and state, so each
     gets what it gets alone. ``on_round(round_idx, metrics)`` fires once per round (first run's
-    metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it."""
+    metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it.
+    ``checkpointing`` has one path per configuration: the runs resume from their checkpoints when
+    all exist at the same round (the warm start is then skipped: its result is in the saved
+    server state), and are saved together every N rounds."""
     started = time.perf_counter()
     dev = resolve_device(device)
     executor = make_executor(execution, dev)
     _check_lockstep(cfgs)
     setups = [prepare_run(cfg, dev, data_dir) for cfg in cfgs]
-    inits = warm_start(setups, executor)
+    saved = checkpointing.available() if checkpointing is not None else None
+    inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [
         Federation(s.algorithm, s.fed, init, s.cfg.federation, s.protocol, s.streams,
                    on_round if k == 0 else None)
         for k, (s, init) in enumerate(zip(setups, inits))
     ]
-    results = run_lockstep(federations, executor)
+    start = checkpointing.restore(federations, saved, dev) if saved else 0
+    results = run_lockstep(federations, executor, start, checkpointing)
     wall = (time.perf_counter() - started) / len(cfgs)
     info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), "wall_s": wall}
+    if start:
+        info["resumed_from_round"] = start
     return [run_result(s, r, info) for s, r in zip(setups, results)]
 
 

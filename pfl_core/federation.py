@@ -14,6 +14,7 @@ import torch
 
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
 from pfl_core.batching import BatchStream
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine import Executor, WorkItem
@@ -155,15 +156,21 @@ class Federation:
         return self.result
 
 
-def run_lockstep(federations: list[Federation], executor: Executor) -> list[FederationResult]:
+def run_lockstep(federations: list[Federation], executor: Executor, start_round: int = 0,
+                 checkpointing: Checkpointing | None = None) -> list[FederationResult]:
     """Advance runs of one method (the seeds of a cell) together: each round, the sampled clients
     of every run go to the executor in one call, so the batched path stacks clients x seeds. Each
-    run keeps its own data, client samples, batches and state, hence its own numbers."""
+    run keeps its own data, client samples, batches and state, hence its own numbers.
+    ``start_round``: the first round to run (after a restored checkpoint); ``checkpointing``
+    saves every run when due (:mod:`pfl_core.checkpoint`)."""
     rounds = {f.cfg.rounds for f in federations}
     if len(rounds) != 1:
         raise ValueError(f"runs in lockstep need the same number of rounds, got {sorted(rounds)}")
-    for round_idx in range(rounds.pop()):
+    total = rounds.pop()
+    for round_idx in range(start_round, total):
         lockstep_round(federations, executor, round_idx)
+        if checkpointing is not None and checkpointing.due(round_idx, total):
+            checkpointing.save(federations, round_idx)
     return [f.finish(executor) for f in federations]
 
 
