@@ -143,10 +143,10 @@ def test_warm_start_chain_starts_from_the_predecessors_final_model(monkeypatch):
     starts = []
     original = experiment.run_lockstep
 
-    def spy(federations, executor):
+    def spy(federations, executor, *rest):
         (federation,) = federations
         init = {k: v.clone() for k, v in federation.server["params"].items()}
-        (result,) = original(federations, executor)
+        (result,) = original(federations, executor, *rest)
         starts.append((type(federation.algorithm).__name__, init, result.server["params"],
                        federation.evaluate_clients))
         return [result]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -189,3 +190,46 @@ def test_a_dead_worker_fails_its_run_only_and_the_sweep_goes_on(tmp_path, tiny_s
     assert poisoned.data.tags["failure_reason"].startswith("WorkerDied: the worker process died 2 time(s)")
     assert {runs[s.config_hash].info.status for s in specs if s is not specs[1]} == {"FINISHED"}
     assert not (armed / specs[0].config_hash).exists()  # it was killed once, then finished
+
+
+# -- tuning: stale trials and trials missing from MLflow ----------------------------------------------
+def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
+    """A kill -9 left one trial RUNNING (its owner process is dead) and one COMPLETE trial that never
+    reached MLflow (killed between Optuna's record and MLflow's) plus a half-written RUNNING MLflow
+    run of it. The next ``tune`` fails the stale trial (not counted in the budget), logs both, and
+    runs the trials still lacking: every Optuna trial has exactly one finished MLflow run."""
+    import optuna
+
+    from benchmarks.tuning import TrialLogger, TuneOptions, _load_study, study_name, tune
+    from conftest import tiny_suite_dict, write_suite
+    from test_claims import dead_pid
+
+    data = tiny_suite_dict()
+    data["base"]["federation"]["batch_size"] = 100
+    suite_path = write_suite(tmp_path / "suites" / "tiny" / "stale.yaml", data)
+    suite = load_suite(suite_path)
+    uri, storage = f"sqlite:///{tmp_path}/mlflow.db", f"sqlite:///{tmp_path}/optuna.db"
+    opts = TuneOptions(profile="smoke", trials=3, storage=storage, seeds=(1000,), device="cpu",
+                       tracking_uri=uri, echo=None)
+    cell = {"setting": "dir", "method": "fedavg"}
+    name = study_name(suite, "setting=dir,method=fedavg", "fedavg", "smoke")
+    study = _load_study(name, storage, opts, 2, 0)
+    study.set_user_attr("objective", None)  # set for real by tune below
+    complete = study.ask()
+    study.tell(complete, 0.5)  # in Optuna, never logged to MLflow
+    half = Tracker(uri).client.create_run(Tracker(uri).experiment_id(f"{suite.key}/tuning"),
+                                          tags={"study": name, "trial": "0"})  # a half-written log
+    stale = study.ask()
+    stale.set_user_attr("owner", f"{socket.gethostname()}:{dead_pid()}:")
+    (result,) = tune(suite_path, methods=["fedavg"], cells={"setting": ["dir"]}, opts=opts)
+    trials = optuna.load_study(study_name=name, storage=storage).trials
+    states = {t.number: t.state.name for t in trials}
+    assert states[stale.number] == "FAIL"
+    assert trials[stale.number].user_attrs["failure_reason"].startswith("stale: left RUNNING by")
+    assert len(trials) == 4  # 3 counted + the stale one, run again
+    assert "RUNNING" not in states.values()
+    runs = Tracker(uri).runs(f"{suite.key}/tuning", status=None)
+    assert sorted(int(r.data.tags["trial"]) for r in runs) == [t.number for t in trials]
+    assert "RUNNING" not in {r.info.status for r in runs}
+    assert half.info.run_id not in {r.info.run_id for r in runs}
+    assert result.n_complete + result.n_pruned + result.n_failed == 4

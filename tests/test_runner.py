@@ -199,10 +199,10 @@ def test_failed_run_is_rerun_by_the_next_sweep(tmp_path, tiny_suite, monkeypatch
     specs = suite.expand("smoke", only={"setting": ["iid"], "method": ["fedavg", "local"]})
     real = experiment.run_lockstep
 
-    def flaky(federations, executor):
+    def flaky(federations, executor, *rest):
         if any(type(f.algorithm).__name__ == "FedAvg" and f.streams.seed == 1 for f in federations):
             raise DivergenceError("injected: non-finite loss in round 1")
-        return real(federations, executor)
+        return real(federations, executor, *rest)
 
     monkeypatch.setattr(experiment, "run_lockstep", flaky)
     tracker = Tracker(*store(tmp_path / "store"))
@@ -319,10 +319,10 @@ def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeyp
     suite, specs = swept["suite"], swept["specs"]
     real = experiment.run_lockstep
 
-    def flaky(federations, executor):
+    def flaky(federations, executor, *rest):
         if any(f.streams.seed == 1 for f in federations):
             raise DivergenceError("injected: non-finite loss in round 1")
-        return real(federations, executor)
+        return real(federations, executor, *rest)
 
     monkeypatch.setattr(experiment, "run_lockstep", flaky)
     tracker = Tracker(*store(tmp_path / "lockstep"))
