@@ -22,7 +22,7 @@ help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@for f in $(SUITES); do p=$$(basename $$(dirname $$f)); n=$$(basename $$f .yaml); \
 		printf "  \033[36m%-26s\033[0m run %s, then render its report\n" "reproduce-$$p-$$n" "$$f"; done
-	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
+	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEMO_JOBS=N (make demo, default 2)  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

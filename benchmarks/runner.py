@@ -1,9 +1,10 @@
-"""The suite runner: expand, skip what already FINISHED, run the rest, log every run.
+"""The suite runner: expand, skip what already FINISHED, claim and run the rest, log every run.
 
 Where runs execute is an *executor*; each yields every run's outcome as it completes and the
-parent alone writes it to MLflow, so an interrupted sweep leaves no half-written run and resumes
-where it stopped. A diverging run (NaN), a crashing run or a run whose worker died is logged as
-FAILED with its reason and the sweep goes on.
+parent alone writes it to MLflow, into the run it claimed before the computation started
+(:mod:`benchmarks.claims`), so concurrent runners never compute a configuration twice and an
+interrupted sweep leaves no RUNNING debris (README, "Reliability"). A diverging run (NaN), a
+crashing run or a run whose worker died is logged as FAILED with its reason and the sweep goes on.
 
 :class:`LocalExecutor` (``--executor local``, the default)
     This process (``--jobs 1``, with a per-round progress bar) or a pool of ``--jobs N`` spawned
