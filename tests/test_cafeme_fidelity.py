@@ -283,3 +283,64 @@ def test_client_accuracy_is_the_mean_of_per_batch_accuracies_with_unequal_batche
     batched = personalize_and_evaluate_batched(alg, [model_params(model)] * 2, [ctx, _context(fed, batch_size=3)],
                                                EvalConfig(batch_size=3), 0)
     assert [r.acc[0] for r in batched] == pytest.approx([per_batch, per_batch])
+
+
+# ---------------------------------------------------------------- IFCA as published (item 1)
+
+def _run_rounds(alg, fed, rounds=2, batch_size=3):
+    """``rounds`` rounds of every client of ``fed`` from the model's parameters (fixed contexts)."""
+    contexts = [_context(fed, cid, batch_size) for cid in range(len(fed.clients))]
+    server = alg.init_server(model_params(alg.model))
+    for r in range(rounds):
+        server = alg.aggregate(server, [alg.client_update(server, ctx, r) for ctx in contexts])
+    return server, contexts
+
+
+def test_ifca_with_shared_clusters_is_uniform_fedavg_with_ifcas_local_training():
+    """The code's k references to one object: every client trains the one model and the server
+    averages all of them, whatever k; the independent default does not."""
+    fed = tiny_federation((6, 4, 5))
+    fed.dataset.x = fed.dataset.x.double()
+    hp = dict(lr=0.5, local_epochs=1, weighting="uniform")
+    fedavg, _ = _run_rounds(_algorithm("fedavg", _mlr(), **hp), fed)
+    shared, contexts = _run_rounds(_algorithm("ifca", _mlr(), num_clusters=4, shared_clusters=True, **hp), fed)
+    assert len(shared["clusters"]) == 1 and shared["params"] is shared["clusters"][0]
+    for k in fedavg["params"]:
+        assert torch.allclose(shared["params"][k], fedavg["params"][k], rtol=1e-12, atol=1e-14)
+    alg = _algorithm("ifca_ft", _mlr(), num_clusters=4, shared_clusters=True, **hp)
+    assert alg.predictor(shared, contexts[0]) is shared["clusters"][0]
+    independent, _ = _run_rounds(_algorithm("ifca", _mlr(), num_clusters=4, **hp), fed)
+    assert len(independent["clusters"]) == 4
+    assert not all(torch.allclose(independent["params"][k], fedavg["params"][k]) for k in fedavg["params"])
+
+
+def test_ifca_weight_sharing_averages_the_trunk_over_every_upload_and_the_rest_per_cluster():
+    from pfl_core.algorithms.ifca import ClusterUpdate
+
+    alg = _algorithm("ifca", _mlr(), num_clusters=2, weight_sharing=True)
+    t = lambda v: torch.tensor([float(v)])
+    clusters = [{"features.w": t(0), "fc.w": t(0)}, {"features.w": t(100), "fc.w": t(100)}]
+    ups = [ClusterUpdate({"features.w": t(1), "fc.w": t(10)}, 5, t(0), cluster=0),
+           ClusterUpdate({"features.w": t(2), "fc.w": t(20)}, 5, t(0), cluster=0),
+           ClusterUpdate({"features.w": t(6), "fc.w": t(60)}, 5, t(0), cluster=1)]
+    new = alg.aggregate({"params": clusters[0], "clusters": clusters}, ups)["clusters"]
+    assert [float(c["features.w"]) for c in new] == [3.0, 3.0]  # (1 + 2 + 6) / 3 everywhere
+    assert [float(c["fc.w"]) for c in new] == [15.0, 60.0]  # per cluster
+    plain = _algorithm("ifca", _mlr(), num_clusters=2).aggregate({"params": clusters[0], "clusters": clusters}, ups)
+    assert [float(c["features.w"]) for c in plain["clusters"]] == [1.5, 6.0]
+    with pytest.raises(ValueError, match="shared_prefix"):
+        _algorithm("ifca", _mlr(), weight_sharing=True, shared_prefix="cnn.").aggregate(
+            {"params": clusters[0], "clusters": clusters}, ups)
+
+
+def test_ifca_mechanism_is_named_for_the_report():
+    from benchmarks.reporting.fidelity import switches
+
+    def config(**params):
+        return {"method": {"name": "ifca_ft", "params": params}, "model": {"name": "cafeme_cnn_a", "params": {}}}
+
+    assert any("one shared model" in s for s in switches(config(shared_clusters=True)))
+    assert any("4 independently initialised" in s for s in switches(config(num_clusters=4)))
+    chained = {**config(), "model": {"name": "cafeme_cnn_a", "params": {},
+                                     "warm_start": [{"name": "perfedavg"}, {"name": "ifca", "params": {"shared_clusters": True}}]}}
+    assert any(s.startswith("model.warm_start=perfedavg -> ifca") for s in switches(chained))
