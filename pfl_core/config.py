@@ -36,6 +36,12 @@ class DataConfig:
     remainder: str = "train"
     """The split that takes what ``client_splits`` leaves (``test`` with ``{train: 0.75}`` floors
     the train part instead)."""
+    redraw_short_clients: bool = False
+    """Redraw the partition while a client's train split holds fewer than
+    ``federation.batch_size`` samples (the CAFeMe authors' de-facto rule: their code crashes on
+    such a client, so their published Dirichlet and FEMNIST numbers come from seeds without one;
+    issue 11 item 2). False (default): keep the partition; such a client trains on one short batch
+    (CAFeMe spec, "Crash hazard"), and ``run_info.json`` lists it."""
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pfl_core.algorithms import METHODS
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
+from pfl_core.data.builder import short_train_clients
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
@@ -142,6 +143,7 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         streams=streams,
         remainder=d.remainder,
         validation_fraction=d.validation_fraction,
+        min_train_size=cfg.federation.batch_size if d.redraw_short_clients else 0,
     ).to(dev)
 
     method_cls = METHODS.get(cfg.method.name)
@@ -163,6 +165,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     final, fed = fed_result.final, setup.fed
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
+    short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
+    metrics["short_train_clients"] = float(len(short))  # the report counts them per run
     clients = [
         {"cid": r.cid, "num_samples": r.num_samples, "acc": r.acc, "loss": r.loss,
          "meta": fed.clients[r.cid].meta}
@@ -180,7 +184,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "unseen_clients": fed.unseen_clients,
         "partition_digest": partition_digest(fed),
         "sampling_digest": digest(fed_result.sampled),
-        "short_train_splits": sorted(c for c, ctx in fed_result.contexts.items() if ctx.streams["train"].short),
+        "short_train_splits": short,
+        "partition_draws": fed.partition_draws,
     }
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
 

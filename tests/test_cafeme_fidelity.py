@@ -344,3 +344,67 @@ def test_ifca_mechanism_is_named_for_the_report():
     chained = {**config(), "model": {"name": "cafeme_cnn_a", "params": {},
                                      "warm_start": [{"name": "perfedavg"}, {"name": "ifca", "params": {"shared_clusters": True}}]}}
     assert any(s.startswith("model.warm_start=perfedavg -> ifca") for s in switches(chained))
+
+
+# ---------------------------------------------------------------- the authors' surviving seeds (item 2)
+
+def _dirichlet_federation(seed, min_train_size):
+    from pfl_core.data.builder import build_federated
+    from pfl_core.data.federated import ArrayDataset
+    from pfl_core.seeding import RunStreams
+
+    labels = torch.arange(10).repeat_interleave(30)
+    dataset = ArrayDataset("generated", torch.zeros(300, 1), labels, 10)
+    return build_federated(dataset, num_clients=10, partition="dirichlet",
+                           partition_params={"alpha": 0.3, "min_size": 5}, client_splits={"test": 0.2},
+                           unseen_fraction=0.2, streams=RunStreams(seed), min_train_size=min_train_size)
+
+
+def _splits(fed):
+    return [{k: v.tolist() for k, v in c.splits.items()} for c in fed.clients]
+
+
+def test_redrawing_short_clients_keeps_good_seeds_and_redraws_the_others():
+    """The authors' de-facto rule: a partition with a client whose train split is smaller than a
+    batch (10) is redrawn; a seed without one keeps exactly its partition."""
+    from pfl_core.data.builder import short_train_clients
+
+    kinds = {}
+    for seed in range(12):
+        plain = _dirichlet_federation(seed, 0)
+        kinds.setdefault(bool(short_train_clients(plain.clients, 10)), (seed, plain))
+    assert set(kinds) == {True, False}, "the generated case needs seeds of both kinds"
+    seed, plain = kinds[True]
+    redrawn = _dirichlet_federation(seed, 10)
+    assert plain.partition_draws == 1 and redrawn.partition_draws > 1
+    assert short_train_clients(redrawn.clients, 10) == []
+    assert sorted(i for c in redrawn.clients for s in c.splits.values() for i in s.tolist()) == list(range(300))
+    assert _splits(_dirichlet_federation(seed, 10)) == _splits(redrawn)  # reproducible
+    seed, plain = kinds[False]
+    kept = _dirichlet_federation(seed, 10)
+    assert kept.partition_draws == 1 and _splits(kept) == _splits(plain)
+    assert kept.unseen_clients == plain.unseen_clients
+
+
+def test_a_partition_that_cannot_avoid_short_clients_is_a_clear_error():
+    with pytest.raises(ValueError, match="redraw_short_clients.*other seeds"):
+        _dirichlet_federation(0, 1000)
+
+
+def test_run_records_short_clients_and_partition_draws(tmp_path):
+    """``data.redraw_short_clients`` wires the batch size into the partition; the run counts its
+    short clients (every client, unseen too) as metric ``short_train_clients``."""
+    from pfl_core.config import RunConfig
+    from pfl_core.experiment import prepare_run
+
+    def setup(redraw):
+        return prepare_run(RunConfig.from_dict({
+            "data": {"dataset": "digits28", "num_clients": 20, "unseen_fraction": 0.2, "redraw_short_clients": redraw,
+                     "partition": {"name": "dirichlet", "alpha": 0.3, "min_size": 5}},
+            "federation": {"batch_size": 30}, "seed": 0}), torch.device("cpu"))
+
+    from pfl_core.data.builder import short_train_clients
+
+    plain, redrawn = setup(False), setup(True)
+    assert short_train_clients(plain.fed.clients, 30)
+    assert short_train_clients(redrawn.fed.clients, 30) == [] and redrawn.fed.partition_draws > 1

@@ -128,6 +128,8 @@ class FederatedData:
     train_clients: list[int]
     unseen_clients: list[int] = field(default_factory=list)
     validation_clients: list[int] = field(default_factory=list)
+    partition_draws: int = 1
+    """Partitions drawn before this one was kept (``build_federated``'s ``min_train_size``)."""
 
     def __post_init__(self) -> None:
         groups = [("training", self.train_clients), ("unseen", self.unseen_clients),
