@@ -60,7 +60,8 @@ def cmd_run(args) -> int:
         summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
                             executor=_executor(args), execution=args.execution,
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
-                            checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir)
+                            checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+                            deterministic=args.deterministic)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
@@ -197,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(default {DEFAULT_CHECKPOINT_EVERY}; 0: never)")
     run.add_argument("--checkpoint-dir", default=None,
                      help="checkpoint folder (default: checkpoints/ beside a SQLite store, else results/checkpoints)")
+    run.add_argument("--deterministic", action="store_true",
+                     help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
+                          "deterministic=true); like --execution, never part of the config hash")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")

@@ -48,6 +48,7 @@ from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
+from pfl_core.seeding import use_deterministic
 
 KILL_HOOK_ENV = "PFLBENCH_TEST_KILL_DIR"
 """Test hook (tests/test_ray.py, tests/test_reliability.py): when this names a folder holding a file
@@ -137,23 +138,29 @@ def _outcome(started: float, result) -> dict:
     return {"started": started, "ended": time.time(), "metrics": result.metrics,
             "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
             "curve_weighted": result.curve_weighted,
-            "info": {**result.info, "torch_threads": torch.get_num_threads()}}
+            "info": {**result.info, "torch_threads": torch.get_num_threads(),
+                     "deterministic": torch.are_deterministic_algorithms_enabled()}}
 
 
 def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
                   progress: bool = False, execution: str = "auto",
-                  checkpoints: CheckpointPlan | None = None) -> list[dict]:
+                  checkpoints: CheckpointPlan | None = None, deterministic: bool = False) -> list[dict]:
     """Run specs that differ only in their seed - in lockstep when there are several
     (:func:`pfl_core.experiment.run_experiments`) - with ``threads`` torch threads, and return one
     picklable outcome (metrics, history, clients) or error per spec. A group that fails is rerun
     one spec at a time, so that one diverging seed fails alone. ``checkpoints``: save and resume
-    (:class:`CheckpointPlan`)."""
-    before = torch.get_num_threads()
+    (:class:`CheckpointPlan`). ``deterministic``: :func:`pfl_core.seeding.use_deterministic` in this
+    process first (recorded in ``run_info.json`` and the run's tags)."""
+    before, was_deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(threads)
+    if deterministic:
+        use_deterministic(True)
     try:
         return _execute(specs, device, data_dir, threads, progress, execution, checkpoints)
-    finally:
-        torch.set_num_threads(before)  # a run in this process leaves the caller's setting as it was
+    finally:  # a run in this process leaves the caller's settings as they were
+        torch.set_num_threads(before)
+        if deterministic and not was_deterministic:
+            torch.use_deterministic_algorithms(False)
 
 
 def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: int, progress: bool,
@@ -449,7 +456,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
               device: str = "auto", data_dir: str | None = None, echo=print,
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
               lockstep_seeds: bool = False, lease_s: float = LEASE_S,
-              checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None) -> SweepSummary:
+              checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
+              deterministic: bool = False) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes.
     ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
     (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
@@ -520,7 +528,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
                     won.append(spec)
             if won:
                 yield (tuple(s.config_hash for s in won),
-                       (won, device, data_dir, executor.threads, executor.in_process, execution, plan))
+                       (won, device, data_dir, executor.threads, executor.in_process, execution, plan,
+                        deterministic))
 
     submitted = time.time()
     results = executor.map(execute_specs, claimed_calls())

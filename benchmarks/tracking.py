@@ -159,6 +159,7 @@ class Tracker:
             "execution": info.get("execution", ""),
             "lockstep_runs": str(info.get("lockstep_runs", "")),
             "torch_threads": str(info.get("torch_threads", "")),
+            "deterministic": str(bool(info.get("deterministic", False))).lower(),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             **{f"cell.{k}": v for k, v in spec.cell.items()},
             **getattr(spec, "tags", {}),  # tuned=true|false and tuned.* provenance (benchmarks.tuning)

@@ -408,3 +408,35 @@ def test_run_records_short_clients_and_partition_draws(tmp_path):
     plain, redrawn = setup(False), setup(True)
     assert short_train_clients(plain.fed.clients, 30)
     assert short_train_clients(redrawn.fed.clients, 30) == [] and redrawn.fed.partition_draws > 1
+
+
+# ---------------------------------------------------------------- --deterministic (item 6)
+
+def test_deterministic_sweep_is_tagged_keeps_the_config_hash_and_the_cpu_numbers(isolated, monkeypatch):
+    """``pflbench run --deterministic`` sets PyTorch's deterministic mode and the cuBLAS workspace in
+    the worker, tags the run (with its device), and is not part of the config hash: the same
+    specs, the same hashes, and on a CPU the same numbers as without it."""
+    from benchmarks.cli import main
+    from benchmarks.suite import load_suite
+    from benchmarks.tracking import Tracker
+    from conftest import store, tiny_suite_dict, write_suite
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    path = write_suite(isolated / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
+    uris = {}
+    try:
+        for name, flags in (("plain", []), ("det", ["--deterministic"])):
+            uris[name] = store(isolated / name)[0]
+            assert main(["run", str(path), "--profile", "smoke", "--only", "method=fedavg_ft", "--only", "setting=iid",
+                         "--seeds", "0", "--tracking-uri", uris[name], *flags]) == 0
+        import os
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8" and torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    suite = load_suite(path)
+    (plain,), (det,) = (Tracker(uris[n]).runs(suite.key) for n in ("plain", "det"))
+    assert plain.data.tags["deterministic"] == "false" and det.data.tags["deterministic"] == "true"
+    assert det.data.tags["device"] == "cpu"
+    assert det.data.tags["config_hash"] == plain.data.tags["config_hash"]
+    assert {k: v for k, v in det.data.metrics.items() if k != "wall_s"} == \
+        {k: v for k, v in plain.data.metrics.items() if k != "wall_s"}
