@@ -27,7 +27,7 @@ from conftest import store, tiny_suite_dict, write_suite
 FAIL_CELL = {"setting": "iid", "method": "fedavg_ft"}
 FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
-                    "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
+                    "literal_mean", "literal_pm", "literal_step", "short_train_clients", "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
                     "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
                     "failure_reason", "switches", "tuned", "tuned_source", "profile", "metric", "aggregate",
                     "pm_kind", "ddof"]
@@ -88,7 +88,8 @@ def fill_hand_store(root, tracker):
                     log_by_hand(tracker, suite, spec, error="diverged: hand-made nan")
                     continue
                 log_by_hand(tracker, suite, spec, curve_mean=CURVES[spec.seed],
-                            metrics={"acc_last3": float(np.mean(CURVES[spec.seed][-3:]))})
+                            metrics={"acc_last3": float(np.mean(CURVES[spec.seed][-3:])),
+                                     "short_train_clients": float(spec.seed)})  # seed 1: one short client
             elif cell[0] == "dir":
                 rows = [{"round": r, "train_loss": 1.0, "val_acc_weighted": v, "acc_weighted": t}
                         for r, v, t in VAL_HISTORY[spec.seed]]
@@ -302,6 +303,23 @@ def test_cafeme_curve_statistic_from_the_store(reported):
     assert row["mean"] == pytest.approx(value) and row["pm"] == pytest.approx(pm)
     assert row["sem"] == pytest.approx(np.std(seeds, ddof=1) / np.sqrt(2))
     assert (row["mean"], round(row["pm"], 4)) == (pytest.approx(65.0), 8.3333)
+
+
+def test_cafeme_literal_metric_and_short_clients_beside_the_table_value(reported):
+    """Issue 11 items 2 and 5: the accuracy after exactly the last step (mean and std over seeds of
+    the curves' last points) and the per-run count of clients smaller than a batch."""
+    report = reported["hand_pdf"].suites[0].report
+    row = row_of(report.table, "dir", "local")
+    last = np.array([CURVES[0][-1], CURVES[1][-1]]) * 100
+    assert (row["literal_mean"], row["literal_pm"], row["literal_step"]) == (
+        pytest.approx(last.mean()), pytest.approx(np.std(last, ddof=0)), 4)
+    assert row["literal_mean"] != pytest.approx(row["mean"])
+    assert row["short_train_clients"] == "seed 1: 1"
+    text = squash(reported["hand_pdf"].suites[0].md.read_text())
+    assert "dir/local: after 4 steps 80.00 ± 10.00 (table value 65.00 ± 8.33)" in text
+    assert "dir/local: seed 1: 1" in text
+    assert "Literal metric" not in reported["text"]  # the tiny suite's metric is not a curve
+    assert any("after 4 steps 80.00" in squash(page) for page in pdf_pages(reported["hand_pdf"].pdf))
 
 
 def test_every_verdict_reached_on_the_hand_made_store(reported):

@@ -15,7 +15,7 @@ from benchmarks.suite import RunSpec, Suite
 from benchmarks.tracking import Tracker
 
 COLUMNS = ["cell", "seed", "status", "value", "failure_reason", "offline_data", "config_hash",
-           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories"]
+           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients"]
 
 
 def history(tracker: Tracker, run_id: str, key: str) -> dict[int, float]:
@@ -62,6 +62,7 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
             "wall_s": run.data.metrics.get("wall_s", math.nan),
             "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
             "device": tags.get("device", ""), "run_id": run.info.run_id, "histories": hists,
+            "short_train_clients": run.data.metrics.get("short_train_clients", math.nan),
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)

@@ -15,7 +15,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from benchmarks.reporting import fidelity  # noqa: E402
+from benchmarks.reporting import extras, fidelity  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
 
@@ -138,6 +138,7 @@ def fidelity_lines(report: SuiteReport) -> list[str]:
     notes = report.suite.raw.get("notes")
     if notes:
         lines += ["", "Suite notes:"] + [f"  {line}" for line in str(notes).strip().splitlines()]
+    lines += extras.markdown_lines(report)
     lines += ["", "Fidelity switches per cell (non-default method hyperparameters and model parameters):"]
     for _, r in report.table.iterrows():
         lines.append(f"  - {'/'.join(str(r[a]) for a in report.axes)}: {r['switches'] or 'defaults (paper values)'}")

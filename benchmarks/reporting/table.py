@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from benchmarks.reporting import fidelity
+from benchmarks.reporting import extras, fidelity
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
@@ -65,11 +65,12 @@ def cell_statistics(metric: MetricSpec, done: pd.DataFrame) -> dict:
     stats = {"mean": float(values.mean()) if len(values) else math.nan,
              "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
              "sem": sem(values), "pm": spread(values, metric.pm, metric.ddof)}
+    curves = []
     if metric.aggregate == "last3_of_seed_mean_curve" and len(done):
         curves = [[h[k] for k in sorted(h)] for h in (r.get(metric.curve_metric) or {} for r in done["histories"])]
         curves = [[v * metric.scale for v in c] for c in curves if c]
         stats["mean"], stats["pm"] = last3_of_seed_mean_curve(curves, metric.pm, metric.ddof)
-    return stats
+    return {**stats, **extras.literal_statistics(metric, curves), "short_train_clients": extras.short_clients_text(done)}
 
 
 def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: int,

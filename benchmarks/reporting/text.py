@@ -6,6 +6,7 @@ import re
 
 import pandas as pd
 
+from benchmarks.reporting import extras
 from benchmarks.reporting.table import SuiteReport, column_label
 from benchmarks.reporting.verdict import LEGEND, PARTIAL, RULES, VERDICTS
 
@@ -97,6 +98,7 @@ def render_markdown(report: SuiteReport) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Legend:", ""] + legend_lines(report)
     lines += ["", "Does the paper's conclusion hold?", ""] + conclusion_lines(report)
+    lines += extras.markdown_lines(report)
     switched = report.table[report.table["switches"] != ""]
     if not switched.empty:
         lines += ["", "Fidelity switches (non-default hyperparameters) per cell:", ""]
