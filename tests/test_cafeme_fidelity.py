@@ -440,3 +440,63 @@ def test_deterministic_sweep_is_tagged_keeps_the_config_hash_and_the_cpu_numbers
     assert det.data.tags["config_hash"] == plain.data.tags["config_hash"]
     assert {k: v for k, v in det.data.metrics.items() if k != "wall_s"} == \
         {k: v for k, v in plain.data.metrics.items() if k != "wall_s"}
+
+
+# ---------------------------------------------------------------- every CAFeMe suite vs the spec table
+
+# CAFeMe spec, "Hyperparameters (code arguments.py, final)", transcribed per dataset
+SPEC = {
+    #             B   alpha  S  rounds lr_ft_pfl lr_ft  IFCA k  model (base / CAFeMe)
+    "rmnist":    (30, 0.05, 5, 1000, 0.01, 0.001, 4, ("cafeme_cnn_a", "cafeme_a")),
+    "cifar10":   (50, 0.05, 5, 1000, 0.05, 0.01, 3, ("cafeme_cnn_b", "cafeme_b")),
+    "femnist":   (50, 0.01, 8, 2000, 0.01, 0.001, 2, ("cafeme_cnn_a", "cafeme_a")),
+    "metadataset": (30, 0.05, 5, 2000, 0.05, 0.01, 8, ("cafeme_cnn_b", "cafeme_b")),
+}
+BETA, MU, QUERY, FT_STEPS = 0.001, 0.1, 6, 50  # every dataset
+
+
+def _expected_method(method, alpha, S, k):
+    """The code's hyperparameters of ``method`` (CAFeMe spec, "Baselines as implemented in the code")."""
+    fedavg = dict(lr=BETA, local_epochs=S, weighting="uniform")
+    return {
+        "fedavg": fedavg, "fedavg_ft": fedavg,
+        "ifca": dict(fedavg, num_clusters=k, shared_clusters=False, weight_sharing=False),
+        "ifca_ft": dict(fedavg, num_clusters=k, shared_clusters=False, weight_sharing=False),
+        "ditto": dict(lr=BETA, global_lr=BETA, global_optimizer="adam", mu=MU, personal_steps=S, global_steps=S,
+                      anchor="local_copy", persist_optimizer=True, evaluate_personal=False, weighting="uniform"),
+        "fedrep": dict(lr=BETA, head_steps=S, body_steps=1, head_prefixes=["fc."], personal_head=False,
+                       persist_optimizer=True, weighting="uniform"),
+        "perfedavg": dict(alpha=alpha, beta=BETA, local_steps=S, variant="hf", hvp="finite_difference",
+                          fd_delta=1e-3, skip_logging_batch=True, weighting="uniform"),
+        "cafeme": dict(inner_lr=alpha, outer_lr=BETA, adapt_steps=S, query_batches=QUERY, first_order=True,
+                       persist_outer_optimizer=True, weighting="uniform"),
+    }[method]
+
+
+@pytest.mark.parametrize("name", ["table1", "table2", "fig3", "fig4", "fig5"])
+def test_every_cafeme_suite_resolves_to_the_spec_hyperparameters(name):
+    """A changed default or a suite edit cannot silently change a published cell's setup: every
+    paper-profile run's resolved method hyperparameters (dataclass defaults included), model,
+    batch size, rounds and evaluation protocol against the spec's table."""
+    from benchmarks.suite import load_suite
+    from conftest import REPO_ROOT
+
+    specs = load_suite(REPO_ROOT / "suites" / "cafeme" / f"{name}.yaml").expand("paper")
+    assert specs
+    for spec in specs:
+        cfg, method = spec.config, spec.config["method"]["name"]
+        B, alpha, S, rounds, lr_pfl, lr_ft, k, (base, modulated) = SPEC[cfg["data"]["dataset"]]
+        where = f"{name} {spec.cell_id}"
+        resolved = dataclasses.asdict(METHODS.get(method).hyper_class.from_dict(cfg["method"]["params"]))
+        expected = _expected_method(method, alpha, S, k)
+        assert {key: resolved[key] for key in expected} == expected, where
+        assert cfg["model"]["name"] == (modulated if method == "cafeme" else base), where
+        assert cfg["model"].get("params", {}) == {} and cfg["model"].get("warm_start", []) == [], where
+        fed, data = cfg["federation"], cfg["data"]
+        assert (fed["batch_size"], fed["rounds"], fed["clients_per_round"]) == (B, rounds, 5), where
+        assert (data["num_clients"], data["unseen_fraction"], data["client_splits"]) == (100, 0.2, {"test": 0.2}), where
+        assert not data.get("redraw_short_clients", False), where
+        ev = EvalConfig.from_dict(cfg["evaluation"]["params"])
+        assert cfg["evaluation"]["protocol"] == "unseen", where
+        assert (ev.steps, ev.gamma, ev.decay_every, ev.reduction) == (FT_STEPS, 0.8, 5, "batch_mean"), where
+        assert ev.lr == (lr_pfl if method == "cafeme" else lr_ft), where
