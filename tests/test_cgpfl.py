@@ -209,12 +209,17 @@ def test_l2sgd_expected_step_is_a_gradient_step_on_the_penalized_objective():
 
 
 def test_l2sgd_coin_flips_are_reproducible_with_geometric_means():
-    draws = [coin_counts(0, t, 0.1) for t in range(3000)]
-    assert draws == [coin_counts(0, t, 0.1) for t in range(3000)]
-    local = np.mean([d[0] for d in draws])
+    """After the first round every round opens with the local flip that ended the previous round's
+    aggregations: L >= 1 with E[L] = 1/p = 10 (not (1-p)/p = 9); only round 0 may have L = 0."""
+    draws = [coin_counts(0, t, 0.1) for t in range(1, 3001)]
+    assert draws == [coin_counts(0, t, 0.1) for t in range(1, 3001)]
+    local = np.array([d[0] for d in draws])
+    assert local.min() >= 1
+    assert abs(local.mean() - 10.0) < 0.6  # E[L] = 1 / p; standard error ~0.17
     agg = np.mean([d[1] for d in draws])
-    assert abs(local - 9.0) < 1.0  # E[L] = (1 - p) / p
     assert abs(agg - 1 / 0.9) < 0.05  # E[J] = 1 / (1 - p)
+    first = np.array([coin_counts(s, 0, 0.1)[0] for s in range(3000)])
+    assert first.min() == 0 and abs(first.mean() - 9.0) < 0.6  # round 0: L + 1 ~ Geometric(p)
     with pytest.raises(ValueError, match="aggregation coefficient"):
         METHODS.get("l2sgd").hyper_class(lr=0.03, lam=12.0, p=0.1)
 

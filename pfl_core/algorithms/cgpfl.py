@@ -13,7 +13,11 @@ contexts (P^t of the paper, kept as ``server["assign"]``: client id -> context).
 4. Omega^{t+1} = (1 - alpha) Omega^t + alpha * Omega_{I,R} P^{t+1} (line 14): each context moves
    toward the plain mean of its members' uploads (p_{k,j} = 1/|C_k|, Eq. 2).
 
-The predictor is each client's personalized theta_i (Algorithm 1 output Theta^T_I).
+The scored model is ``predictor`` (shared with pFedMe): by default the client's local model
+omega_{i,R} = w_i, as the pFedMe code scores "PM"; ``predictor="theta"`` scores theta_i, the
+Algorithm 1 output Theta^T_I. theta_i starts each round at the received context model
+(``theta_start="received"``, pFedMe code), or carries over (``"persist"``). The CGPFL paper says
+neither; following the pFedMe code keeps CGPFL(K=1) = pFedMe (Eq. 2 remark).
 
 Reconstruction choices (named switches, CGPFL spec):
 
@@ -34,7 +38,7 @@ Reconstruction choices (named switches, CGPFL spec):
   by minimum total squared distance before the alpha-step; with alpha = 1 (the paper's value) this
   only renames contexts and changes no model. ``none`` uses KMeans' label order (for alpha < 1 the
   paper does not specify the alignment).
-* Initialization: Omega^0 = K copies of the initial model omega^0, theta_i^0 = omega^0 (first model
+* Initialization: Omega^0 = K copies of the initial model omega^0, theta_i^0 = omega^0 (the model
   received), P^0 = every client in context 0 (all centres are equal, so it does not matter).
 
 CGPFL-Heur (paper Section 4.4, expression (11); spec "CGPFL-Heur") is :class:`CGPFLHeur`: at the
@@ -68,7 +72,7 @@ MU_SCALES = ("absolute", "relative")
 class CGPFLHyper(ProxHyper):
     """CGPFL hyperparameters; defaults are CGPFL Table 1 (MNIST/FMNIST MLR) and the spec's
     harness defaults. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
-    local_rounds = R, hidden_l2, predictor) are documented on :class:`ProxHyper`."""
+    local_rounds = R, hidden_l2, predictor, theta_start) are documented on :class:`ProxHyper`."""
 
     num_clusters: int = 4
     """K, the number of context models (CGPFL Table 1: CGPFL (K = 4))."""
@@ -244,9 +248,8 @@ class CGPFL(ProxProgram):
 
     # -- the client program: R local rounds from the client's context model (prox_local_rounds) ---
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        """omega_{k(i)} (Algorithm 1 line 4) and theta_i (persists; starts at the first model received)."""
-        anchor = server["centers"][server["assign"].get(client.cid, 0)]
-        return {"theta": client.state.get("theta", anchor), "w": anchor}
+        """omega_{k(i)} (Algorithm 1 line 4) and theta_i per ``theta_start``."""
+        return self.start_carry(client, server["centers"][server["assign"].get(client.cid, 0)])
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         client.state.update(theta=carry["theta"], local=carry["w"])
