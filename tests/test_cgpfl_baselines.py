@@ -221,3 +221,46 @@ def test_apfl_state_over_several_rounds():
         expected = {k: alpha[cid] * v[cid][k] + (1 - alpha[cid]) * glob[k] for k in glob}
         assert close(alg.predictor(result.server, result.contexts[cid]), expected)
     assert len({round(a, 6) for a in alpha.values()}) == 3  # alpha_i adapted, per client
+
+
+# ---------------------------------------------------------------- Ditto, as the Ditto authors' code steps it
+def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
+    """Ditto code (litian96/ditto): per iteration one batch, personal prox step then global SGD step
+    on it; the CAFeMe code's default takes S personal batches, then S further global batches."""
+    from pfl_core.algorithms.base import ClientContext
+    from pfl_core.batching import BatchStream
+
+    fed = tiny_federation(sizes=(12,))
+    torch.manual_seed(0)
+    model = build_model("mlr", (3,), 3)
+    init = model_params(model)
+    hp = dict(lr=0.2, mu=3.0, personal_steps=2, global_steps=2, global_optimizer="sgd", global_lr=0.1,
+              anchor="global")
+
+    def context():
+        stream = BatchStream(fed.clients[0].splits["train"], 3, torch.Generator().manual_seed(0), reshuffle=False)
+        return ClientContext(fed.clients[0], fed.dataset, {"train": stream})
+
+    alg = make("ditto", model, **hp, schedule="interleaved")
+    ctx = context()
+    plan = alg.draw(ctx, 0)
+    ref = context()
+    order = [ref.next_index() for _ in range(4)]
+    assert [b.tolist() for b in plan["global"]] == [b.tolist() for b in plan["personal"]]
+    assert [b.tolist() for b in plan["personal"]] == [b.tolist() for b in order[:2]]
+    assert ctx.next_index().tolist() == order[2].tolist()  # two batches consumed, not four
+    sequential = make("ditto", model, **hp).draw(context(), 0)
+    assert [b.tolist() for b in sequential["global"]] == [b.tolist() for b in order[2:]]
+
+    batches = [fed.dataset.batch(i) for i in plan["personal"]]
+    stacked = tuple(torch.stack([b[k] for b in batches]) for k in (0, 1))
+    carry = alg.carry_in(alg.init_server(init), ctx, 0)
+    out, _ = alg.local_update(carry, {"personal": stacked, "global": stacked}, {})
+    p, w = dict(init), dict(init)
+    for x, y in batches:
+        gp, gw = grad(model, p, x, y), grad(model, w, x, y)
+        p = {k: v - 0.2 * (gp[k] + 3.0 * (v - init[k])) for k, v in p.items()}
+        w = {k: v - 0.1 * gw[k] for k, v in w.items()}
+    assert close(out["personal"], p) and close(out["params"], w)
+    with pytest.raises(ValueError, match="personal_steps"):
+        METHODS.get("ditto").hyper_class(schedule="interleaved", personal_steps=2, global_steps=3)
