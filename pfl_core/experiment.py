@@ -19,6 +19,7 @@ from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
 from pfl_core.data.builder import short_train_clients
+from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
@@ -186,6 +187,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "sampling_digest": digest(fed_result.sampled),
         "short_train_splits": short,
         "partition_draws": fed.partition_draws,
+        "test_in_other_train_fraction": test_in_other_train_fraction(fed),
+        **setup.algorithm.run_info(fed_result.server),
     }
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
 

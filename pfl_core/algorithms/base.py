@@ -169,6 +169,11 @@ class Algorithm(ABC):
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""
         return server["params"]
 
+    def run_info(self, server: ServerState) -> dict:
+        """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the
+        method made while training; none by default."""
+        return {}
+
     def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:
         """Predictions of ``params`` on ``x`` for ``client`` at evaluation (a hook for methods
         whose forward needs more than the inputs, e.g. a labelled context batch)."""
