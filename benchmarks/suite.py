@@ -5,8 +5,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
 * ``metric``: which run metric is tabulated and how the paper averaged it
   (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``), and how the report
-  computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round,
-  ``curve_metric``, ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
+  computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round|
+  max_over_rounds, ``also``: further aggregates shown as extra columns, ``curve_metric``,
+  ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
   :mod:`benchmarks.reporting.metric`).
 * ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
@@ -63,7 +64,7 @@ TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "gri
             "overrides", "seeds", "profiles", "published", "tuned"}
 OVERRIDE_KEYS = {"when", "set"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
-METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "curve_metric",
+METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
                "select_metric", "tolerance", "figure", "x_axis"}
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -90,6 +90,9 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
         failed = mine[mine["status"] == "FAILED"]
         reasons = "; ".join(sorted(set(failed["failure_reason"])))
         stats = cell_statistics(metric, done)
+        for agg in metric.also:  # one more mean and spread per extra aggregate
+            extra = cell_statistics(replace(metric, aggregate=agg), done.assign(value=[a[agg] for a in done["also"]]))
+            stats.update({f"mean_{agg}": extra["mean"], f"pm_{agg}": extra["pm"]})
         pub = published.get(key, {})
         se_pub = paper_sem(pub.get("pm"), pub.get("pm_kind"), pub.get("runs"), metric.ddof)
         v = decide(finished=len(done), expected=expected, failed=len(failed), ours=stats["mean"],

@@ -46,7 +46,9 @@ def notice(report: SuiteReport) -> str:
 
 def table_rows(report: SuiteReport) -> tuple[list[str], list[list[str]]]:
     """Header and rows shared by Markdown and the PDF."""
-    header = report.axes + ["seeds", "ours", "paper", "diff", "bound (rule)", "verdict"]
+    also = list(report.metric.also)
+    header = report.axes + ["seeds", "ours", *(f"ours ({a})" for a in also), "paper", "diff", "bound (rule)",
+                            "verdict"]
     rows = []
     for _, r in report.table.iterrows():
         diff = "—" if isnan(r["diff"]) else f"{r['diff']:+.2f}"
@@ -54,7 +56,8 @@ def table_rows(report: SuiteReport) -> tuple[list[str], list[list[str]]]:
         if r.get("tuned"):
             labels[-1] += " †"
         rows.append(labels
-                    + [seeds_text(r), fmt(r["mean"], r["pm"]), fmt(r["published_mean"], r["published_pm"]),
+                    + [seeds_text(r), fmt(r["mean"], r["pm"]), *(fmt(r[f"mean_{a}"], r[f"pm_{a}"]) for a in also),
+                       fmt(r["published_mean"], r["published_pm"]),
                        diff, bound_text(r), verdict_text(r)])
     return header, rows
 
