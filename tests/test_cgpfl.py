@@ -412,3 +412,37 @@ def test_table1_smoke_cell_runs_end_to_end_on_offline_digits(method):
     assert 0.0 < result.info["test_in_other_train_fraction"] < 1.0  # overlap mode: clients share rows
     if method == "CGPFL-Heur":
         assert 1 <= result.info["cgpfl_heur_chosen_k"] <= 20
+
+
+# the named conventions every CGPFL suite cell of these methods must run with (issue 11, item 8)
+CONVENTIONS = {
+    "pfedme": {"predictor": "local", "theta_start": "received", "hidden_l2": 0.0, "beta": 1.0},
+    "cgpfl": {"predictor": "local", "theta_start": "received", "alpha": 1.0},
+    "cgpfl_heur": {"predictor": "local", "theta_start": "received", "mu_scale": "relative"},
+    "perfedavg": {"beta": 0.001, "skip_logging_batch": False, "weighting": "samples", "variant": "hf"},
+    "ditto": {"schedule": "interleaved", "weighting": "uniform", "anchor": "global", "global_optimizer": "sgd",
+              "evaluate_personal": True},
+    "l2sgd": {"variant": "loopless"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_cgpfl_suites_run_the_baselines_with_their_codes_conventions(name):
+    suite = _load(name)
+    seen = set()
+    for spec in suite.expand("paper"):
+        method = spec.config["method"]
+        for key, value in CONVENTIONS.get(method["name"], {}).items():
+            assert method["params"][key] == value, (spec.cell, key)
+        seen.add(method["name"])
+    assert {"pfedme", "cgpfl"} <= seen
+    for spec in suite.expand("theta_predictor"):
+        if spec.config["method"]["name"] in ("pfedme", "cgpfl", "cgpfl_heur"):
+            assert spec.config["method"]["params"]["predictor"] == "theta"
+    assert all(s.config["data"]["partition"]["mode"] == "disjoint" for s in suite.expand("disjoint"))
+    if name == "table1":
+        l2sgd = [s for s in suite.expand("ditto_code_baselines") if s.config["method"]["name"] == "l2sgd"]
+        apfl = [s for s in suite.expand("ditto_code_baselines") if s.config["method"]["name"] == "apfl"]
+        assert l2sgd and all(s.config["method"]["params"]["variant"] == "mean_regularized" for s in l2sgd)
+        assert apfl and not any(s.config["method"]["params"]["adaptive_alpha"] for s in apfl)
+        assert suite.metric["also"] == ["max_over_rounds"]
