@@ -268,8 +268,9 @@ def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
 
 # ---------------------------------------------------------------- pFedMe on its own Synthetic(0.5, 0.5) data
 #: pFedMe paper (Dinh et al., NeurIPS 2020), Table 1, Synthetic, MLR, 600 rounds, mean of 10 runs:
-#: pFedMe (PM) 83.20 +- 0.06 and pFedMe (GM) 78.65 +- 0.25 (as transcribed for this test; these two
-#: values are not in shared/specs/published-numbers.md).
+#: pFedMe (PM) 83.20 +- 0.06 and pFedMe (GM) 78.65 +- 0.25. UNVERIFIED: written down from memory when
+#: this test was made (the paper was not available offline) and not in shared/specs/published-numbers.md;
+#: check them against the paper before quoting them. The test's bounds are loose (6 points) for this reason.
 PUBLISHED_SYNTHETIC_PM, PUBLISHED_SYNTHETIC_GM = 83.20, 78.65
 
 
