@@ -212,8 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="exit 1 when any run failed: the default since issue 15 (kept for old scripts)")
     run.set_defaults(func=cmd_run)
 
+    from benchmarks.code_reference import REPORT_HELP
+
     report = sub.add_parser("report", help="render tables (Markdown, LaTeX, CSV), figures and the "
-                                           "paper's PDF from the MLflow store")
+                                           "paper's PDF from the MLflow store", epilog=REPORT_HELP,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("suites", nargs="*", help="suite files (their paper's PDF covers the paper's folder)")
     report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
     store_args(report)

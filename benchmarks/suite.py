@@ -22,6 +22,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
+* ``code_reference``: per cell, the per-seed values a re-run of the authors' released code gave,
+  each naming a source whose provenance (repository, commit, local edits, rounds, data, machine,
+  date) is data beside it (schema and checks in :mod:`benchmarks.code_reference`).
 * ``tuned``: which methods run with the values ``pflbench tune`` found instead of the paper's:
   ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yml, profile: <profile>}`` (or just the
   list of methods). ``file`` (default ``<suite stem>.tuned.yml`` beside the suite; ``.yml`` so that
@@ -50,6 +53,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.code_reference import Checks, parse_code_reference
 from pfl_core.algorithms import METHODS
 from pfl_core.config import ConfigError, RunConfig, section_keys
 from pfl_core.data import DATASETS, partitioner_params
@@ -61,7 +65,7 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published", "tuned"}
+            "overrides", "seeds", "profiles", "published", "tuned", "code_reference"}
 OVERRIDE_KEYS = {"when", "set"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
@@ -185,6 +189,8 @@ class Suite:
     path: Path
     raw: dict
     axes: list[Axis] = field(default_factory=list)
+    code_references: dict = field(default_factory=dict)
+    """cell id -> :class:`benchmarks.code_reference.CodeReference` (the ``code_reference`` key)."""
 
     @property
     def paper(self) -> str:
@@ -457,14 +463,23 @@ def load_suite(path: str | Path) -> Suite:
     axis_names = [a.name for a in axes]
     for i, entry in enumerate(suite.published):
         _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
-        _check_keys(entry["cell"], set(axis_names), f"{path}: published[{i}].cell", set(axis_names))
-        # axis order and string labels, whatever the YAML wrote
-        entry["cell"] = {name: str(entry["cell"][name]) for name in axis_names}
-        if entry["cell"] not in cells:
-            raise SuiteError(f"{path}: published[{i}].cell {entry['cell']} is not a cell of the grid")
+        entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{path}: published[{i}].cell")
+    checks = Checks(_check_keys, lambda cell, where: check_cell(cell, axis_names, cells, where), SuiteError)
+    suite.code_references = {cell_id(ref.cell): ref for ref in
+                             parse_code_reference(raw.get("code_reference"), f"{path}: code_reference", checks)}
     for profile in suite.profiles:
         suite.expand(profile)
     return suite
+
+
+def check_cell(cell: Any, axis_names: list[str], cells: list[dict[str, str]], where: str) -> dict[str, str]:
+    """A cell named in the suite file (``published``, ``code_reference``): every axis, a cell of the
+    grid; returned in axis order with string labels, whatever the YAML wrote."""
+    _check_keys(cell, set(axis_names), where, set(axis_names))
+    cell = {name: str(cell[name]) for name in axis_names}
+    if cell not in cells:
+        raise SuiteError(f"{where}: {cell} is not a cell of the grid")
+    return cell
 
 
 def parse_only(items: list[str] | None) -> dict[str, list[str]]:

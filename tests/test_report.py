@@ -29,8 +29,9 @@ FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
                     "literal_mean", "literal_pm", "literal_step", "short_train_clients", "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
                     "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
-                    "failure_reason", "switches", "tuned", "tuned_source", "profile", "metric", "aggregate",
-                    "pm_kind", "ddof"]
+                    "failure_reason", "switches", "tuned", "tuned_source", "code_mean", "code_pm", "code_sem",
+                    "code_seeds", "code_source", "code_diff", "code_bound", "code_rule", "code_verdict",
+                    "code_verdict_detail", "label", "profile", "metric", "aggregate", "pm_kind", "ddof"]
 NOTICE = "Not comparable with the paper"
 
 # hand-made runs: fractions; the metric scale (100) makes them percent
@@ -411,8 +412,9 @@ def test_latex_tables_are_booktabs_with_bold_best_and_balanced(reported, tmp_pat
 def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
     done = reported["tiny_pdf"]
     pages = pdf_pages(done.pdf)
-    assert len(pages) == len(done.pages) == 7
-    assert done.pages[0] == "title"
+    # summary, table with its legend folded under it, bars, diff, fidelity, setup
+    assert len(pages) == len(done.pages) == 6
+    assert done.pages[0] == "summary" and not any("verdicts and conclusions" in p for p in done.pages)
     for page in pages:
         assert NOTICE in squash(page)
     title = squash(pages[0])

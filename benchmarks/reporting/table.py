@@ -1,4 +1,9 @@
-"""Per cell: our statistic computed the paper's way, the published value, the verdict, switches."""
+"""Per cell: our statistic computed the paper's way, the published value, the authors' code's value
+(when the suite has one), a verdict against each, the plain-words label, switches.
+
+A table row is a flat dict; each reference contributes its own group of columns (``published_*``,
+``code_*``), so a new per-cell quantity is one more group merged in :func:`summarise` and one more
+:class:`benchmarks.reporting.text.Column`."""
 from __future__ import annotations
 
 import math
@@ -12,7 +17,7 @@ from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
 from benchmarks.reporting.stats import last3_of_seed_mean_curve, sem, spread
-from benchmarks.reporting.verdict import decide, paper_sem
+from benchmarks.reporting.verdict import Verdict, decide, label, paper_sem
 from benchmarks.suite import RunSpec, Suite, cell_id
 from benchmarks.tracking import Tracker
 
@@ -45,6 +50,11 @@ class SuiteReport:
     @property
     def column_axes(self) -> list[str]:
         return [a for a in self.axes if a != self.method_axis]
+
+    @property
+    def has_code_reference(self) -> bool:
+        """Whether any cell has values from a re-run of the authors' code (issue 17)."""
+        return bool(self.suite.code_references)
 
 
 def method_axis(suite: Suite) -> str | None:
@@ -95,9 +105,15 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             stats.update({f"mean_{agg}": extra["mean"], f"pm_{agg}": extra["pm"]})
         pub = published.get(key, {})
         se_pub = paper_sem(pub.get("pm"), pub.get("pm_kind"), pub.get("runs"), metric.ddof)
-        v = decide(finished=len(done), expected=expected, failed=len(failed), ours=stats["mean"],
-                   se_ours=stats["sem"], paper=pub.get("mean"), se_paper=se_pub,
-                   tolerance=metric.tolerance, failure_reason=reasons)
+
+        def against(reference: float | None, se_reference: float) -> Verdict:
+            return decide(finished=len(done), expected=expected, failed=len(failed), ours=stats["mean"],
+                          se_ours=stats["sem"], paper=reference, se_paper=se_reference,
+                          tolerance=metric.tolerance, failure_reason=reasons)
+
+        v = against(pub.get("mean"), se_pub)
+        code_ref = suite.code_references.get(key)
+        code = code_fields(metric, code_ref, against)
         rows.append({
             **cell, "n_seeds": len(done), "expected_seeds": expected, "failed": len(failed), **stats,
             "published_mean": pub.get("mean", math.nan), "published_pm": pub.get("pm", math.nan),
@@ -110,8 +126,28 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             "tuned": key in tuned,
             "tuned_source": (f"study {tuned[key].get('study', '?')}, trial {tuned[key].get('trial', '?')}"
                              if key in tuned else ""),
+            **{k: val for k, val in code.items() if k != "_verdict"},
+            "label": label(v, code["_verdict"]),
         })
     return pd.DataFrame(rows)
+
+
+CODE_COLUMNS = ("code_mean", "code_pm", "code_sem", "code_seeds", "code_source", "code_diff", "code_bound",
+                "code_rule", "code_verdict", "code_verdict_detail")
+
+
+def code_fields(metric: MetricSpec, ref, against) -> dict:
+    """The ``code_*`` columns of one cell: the authors' code's values (mean, the paper-convention
+    spread, SEM with ddof 1, number of seeds, source) and our verdict against them by the same rule
+    as against the paper (``against(mean, se)``); ``_verdict`` carries the Verdict for the label."""
+    if ref is None:
+        return {**dict.fromkeys(CODE_COLUMNS, math.nan), "code_source": "", "code_rule": "",
+                "code_verdict": "", "code_verdict_detail": "", "_verdict": None}
+    v = against(ref.mean, sem(ref.values))
+    return {"code_mean": ref.mean, "code_pm": spread(ref.values, metric.pm, metric.ddof),
+            "code_sem": sem(ref.values), "code_seeds": len(ref.values), "code_source": ref.short,
+            "code_diff": v.diff, "code_bound": v.bound, "code_rule": v.rule, "code_verdict": v.verdict,
+            "code_verdict_detail": v.detail, "_verdict": v}
 
 
 def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame) -> list[Conclusion]:
