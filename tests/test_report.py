@@ -548,3 +548,25 @@ def test_published_cell_key_order_does_not_matter(tmp_path, suite_data, reported
     suite = load_suite(write_suite(tmp_path / "order.yaml", suite_data))
     _, _, table = write_report(suite, reported["tracker"], "smoke", out_dir=tmp_path / "rep")
     assert row_of(table, "dir", "fedavg")["published_mean"] == 50.0
+
+
+def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
+    """Page 1 of a two-table PDF: the verdict counts per table and in all, the labels, Kendall tau
+    per table and the switches in force (tiny suite: its smoke profile's non-default settings)."""
+    hand = squash(pdf_pages(reported["hand_pdf"].pdf)[0])
+    reports = [s.report for s in reported["hand_pdf"].suites]
+    holds = [f"{sum(c.best_holds for c in r.conclusions)}/{len(r.conclusions)}" for r in reports]
+    # cells, reproduced, above, below, partial, failed, not run, no reference, undecided, best holds
+    assert f"hand/curves 6 1 1 1 1 1 1 0 0 {holds[0]}" in hand
+    assert f"hand/bestval 6 1 1 0 0 0 3 1 0 {holds[1]}" in hand  # dir/fedavg_ft ran, no published number
+    assert "all 12 2 2 1 1 1 4 1 0" in hand
+    for line in ("4 x not run", "1 x no reference", "2 x reproduces the paper", "2 x above the paper", "1 x below the paper",
+                 "1 x partial 1/2: reproduces the paper", "1 x failed",
+                 "no table has a code reference: the labels read the paper only",
+                 "hand/curves: dir n/a (3 methods); iid n/a (1 method)", "Switches in force"):
+        assert line in hand, line
+    tiny = squash(pdf_pages(reported["tiny_pdf"].pdf)[0])
+    assert "Summary" in tiny and "Paper: tiny" in tiny and NOTICE in tiny
+    n_cells = len(reported["suite"].cells())
+    assert f"method.lr=0.05 (default 0.001): {n_cells} cell(s)" in tiny
+    assert f"method.local_epochs=1 (default 5): {n_cells} cell(s)" in tiny
