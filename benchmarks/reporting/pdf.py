@@ -28,6 +28,7 @@ WRAP = 150
 LINE_H = 7.5 * 1.35 / 72 / PAGE[1]  # one text line of text_pages, in figure height
 TABLE_TOP, TABLE_H, ROW_H = 0.78, 0.70, 0.04  # the table's axes (figure) and row height (axes)
 BOTTOM = 0.07
+SUMMARY_LINE_H = 9 * 1.35 / 72 / PAGE[1]
 
 
 def _plain(line: str) -> str:
@@ -213,11 +214,12 @@ def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning
         if r == 0:
             cell.set_facecolor("#e8e8e8")
     y -= height + 0.02
-    text = doc.wrap(summary.label_lines(reports) + summary.tau_lines(reports) + summary.switch_lines(reports))
-    room = int((y - BOTTOM) / LINE_H)
+    text = [w for line in summary.label_lines(reports) + summary.tau_lines(reports) + summary.switch_lines(reports)
+            for w in textwrap.wrap(_plain(line), 125, subsequent_indent="    ")]
+    room = int((y - BOTTOM) / SUMMARY_LINE_H)
     if len(text) > room:
         text = text[:max(room - 1, 0)] + ["... (cut to fit one page: each table's pages give the rest)"]
-    fig.text(0.04, y, "\n".join(text), fontsize=7.5, va="top", linespacing=1.35)
+    fig.text(0.04, y, "\n".join(text), fontsize=9, va="top", linespacing=1.35)
     doc.save(fig, "summary")
 
 
