@@ -22,6 +22,7 @@ from benchmarks.reporting.table import build_suite_report
 from benchmarks.suite import SuiteError, load_suite
 from benchmarks.tracking import Tracker
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
+from test_report import balanced
 
 TABLE1 = REPO_ROOT / "suites" / "cafeme" / "table1.yaml"
 CAFEME_CELL = {"dataset": "rmnist", "partition": "shards", "method": "cafeme"}
@@ -161,7 +162,8 @@ def test_the_cafeme_table1_suite_carries_the_issue_17_values():
     assert cafeme.seeds == {0: 98.61, 1: 98.14, 2: 98.85}
     assert refs["dataset=rmnist,partition=shards,method=perfedavg"].seeds == {0: 85.43}
     p = cafeme.provenance
-    assert (p["repository"], p["commit"], p["rounds"], p["machine"]) == ("annaVettoruzzo/CAFeMe", "ae46d39", 1000, "CPU")
+    assert (p["repository"], p["commit"], p["rounds"], p["machine"]) == \
+        ("annaVettoruzzo/CAFeMe", "ae46d39", 1000, "CPU")
     assert len(p["local_edits"]) == 3 and "shards" in p["data"] and "5 per round" in p["data"]
     # the issue's summary: 98.53 +- 0.29 (std, ddof 0)
     assert (round(cafeme.mean, 2), round(float(np.std(cafeme.values)), 2)) == (98.53, 0.29)
@@ -240,6 +242,8 @@ def test_cafeme_markdown_and_latex_explain_the_two_references(cafeme_report):
             "copy of the initial model; seeds {0: 98.61, 1: 98.14, 2: 98.85}; 1000 rounds") in text
     assert "machine: CPU" in text and "- method note: ours vs the code reference uses the same rule" in text
     tex = rendered.tex.read_text()
+    assert balanced(tex), tex
+    assert tex.count(r"\cmidrule(lr)") == 4 and r"\cmidrule(lr){11-13}" in tex  # 4 columns x 3 sides
     assert "Ours & Paper & Code" in tex and r"\multicolumn{3}{c}{rmnist / shards}" in tex
     cafeme = next(line for line in tex.splitlines() if line.startswith("cafeme &"))
     assert r"\textbf{98.44 $\pm$ 0.23}$^{\downarrow}$ & \textbf{98.82 $\pm$ 0.11} & 98.53 $\pm$ 0.29$^{=}$" in cafeme
@@ -258,8 +262,8 @@ def test_cafeme_pdf_shows_the_label_and_counts_it_on_the_summary_page(cafeme_rep
         assert part in summary, part
     # the counts row of the table: 32 cells, 0 reproduced, 0 above, 1 below, ..., 31 not run
     assert re.search(r"cafeme/table1 32 0 0 1 0 0 31 0 0 1/1", summary), summary
-    table_pages = [squash(p) for p, title in zip(pages, done.pages) if title.startswith("1. CAFeMe Table 1 (cafeme/table1)")
-                   and ":" not in title.split(")", 1)[1]]
+    table_pages = [squash(p) for p, title in zip(pages, done.pages)
+                   if title.startswith("1. CAFeMe Table 1 (cafeme/table1)") and ":" not in title.split(")", 1)[1]]
     body = " ".join(table_pages)
     assert "code ref" in body and "verdict (code)" in body and "label" in body
     assert "98.53 ± 0.29 (3 seeds)" in body and MATCH_CODE_BELOW_PAPER in body

@@ -51,8 +51,8 @@ def tau_lines(reports: list[SuiteReport]) -> list[str]:
     """Kendall's tau between our and the paper's method ordering, per table and column."""
     lines = ["Kendall tau (ours vs paper method ordering) per table and column:"]
     for report in reports:
-        parts = [f"{c.column} {'n/a' if math.isnan(c.tau) else f'{c.tau:+.2f}'} ({c.methods} method{'s' * (c.methods != 1)})"
-                 for c in report.conclusions]
+        parts = [f"{c.column} {'n/a' if math.isnan(c.tau) else f'{c.tau:+.2f}'} "
+                 f"({c.methods} method{'s' * (c.methods != 1)})" for c in report.conclusions]
         lines.append(f"  {report.suite.key}: " + ("; ".join(parts) if parts else "no column with both numbers"))
     return lines
 

@@ -113,7 +113,7 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
 
         v = against(pub.get("mean"), se_pub)
         code_ref = suite.code_references.get(key)
-        code = code_fields(metric, code_ref, against)
+        code, code_verdict = code_fields(metric, code_ref, against)
         rows.append({
             **cell, "n_seeds": len(done), "expected_seeds": expected, "failed": len(failed), **stats,
             "published_mean": pub.get("mean", math.nan), "published_pm": pub.get("pm", math.nan),
@@ -126,8 +126,7 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             "tuned": key in tuned,
             "tuned_source": (f"study {tuned[key].get('study', '?')}, trial {tuned[key].get('trial', '?')}"
                              if key in tuned else ""),
-            **{k: val for k, val in code.items() if k != "_verdict"},
-            "label": label(v, code["_verdict"]),
+            **code, "label": label(v, code_verdict),
         })
     return pd.DataFrame(rows)
 
@@ -136,18 +135,18 @@ CODE_COLUMNS = ("code_mean", "code_pm", "code_sem", "code_seeds", "code_source",
                 "code_rule", "code_verdict", "code_verdict_detail")
 
 
-def code_fields(metric: MetricSpec, ref, against) -> dict:
+def code_fields(metric: MetricSpec, ref, against) -> tuple[dict, Verdict | None]:
     """The ``code_*`` columns of one cell: the authors' code's values (mean, the paper-convention
     spread, SEM with ddof 1, number of seeds, source) and our verdict against them by the same rule
-    as against the paper (``against(mean, se)``); ``_verdict`` carries the Verdict for the label."""
+    as against the paper (``against(mean, se)``); with that verdict (None without a reference)."""
     if ref is None:
         return {**dict.fromkeys(CODE_COLUMNS, math.nan), "code_source": "", "code_rule": "",
-                "code_verdict": "", "code_verdict_detail": "", "_verdict": None}
+                "code_verdict": "", "code_verdict_detail": ""}, None
     v = against(ref.mean, sem(ref.values))
     return {"code_mean": ref.mean, "code_pm": spread(ref.values, metric.pm, metric.ddof),
             "code_sem": sem(ref.values), "code_seeds": len(ref.values), "code_source": ref.short,
             "code_diff": v.diff, "code_bound": v.bound, "code_rule": v.rule, "code_verdict": v.verdict,
-            "code_verdict_detail": v.detail, "_verdict": v}
+            "code_verdict_detail": v.detail}, v
 
 
 def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame) -> list[Conclusion]:

@@ -248,7 +248,8 @@ def render_latex(report: SuiteReport) -> str:
     heads = [f"\\multicolumn{{{sides}}}{{c}}{{{tex(column_label(g.iloc[0], columns))}}}" for _, g in groups]
     lines.append(" & ".join([""] + heads) + r" \\")
     lines.append("".join(f"\\cmidrule(lr){{{2 + sides * i}-{1 + sides * (i + 1)}}}" for i in range(len(groups))))
-    lines.append(" & ".join([tex(method or "")] + ["Ours & Paper" + (" & Code" if code else "")] * len(groups)) + r" \\")
+    sides_head = "Ours & Paper" + (" & Code" if code else "")
+    lines.append(" & ".join([tex(method or "")] + [sides_head] * len(groups)) + r" \\")
     lines.append(r"\midrule")
     for m in methods:
         cells = [tex(m)]
