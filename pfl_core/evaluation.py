@@ -32,6 +32,7 @@ Two paths, chosen like training by the executor's ``execution`` (issue 10):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -44,6 +45,7 @@ from pfl_core.algorithms.base import Algorithm, ClientContext, HyperParams, Serv
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine.plans import _rows
 from pfl_core.engine.trees import stack_trees
+from pfl_core.errors import DivergenceError
 from pfl_core.registry import Registry
 from pfl_core.training import Params
 
@@ -301,6 +303,16 @@ def personalize_and_evaluate_batched(algorithm: Algorithm, params: list[Params],
     return results
 
 
+def check_finite_results(results: list[ClientResult]) -> None:
+    """Raise :class:`DivergenceError` at the first client and step whose evaluation loss is not
+    finite (NaN parameters give a finite accuracy from argmax, so the loss is the witness)."""
+    for result in results:
+        for step, loss in enumerate(result.loss):
+            if not math.isfinite(loss):
+                raise DivergenceError(f"non-finite evaluation loss ({loss}) of client {result.cid} after "
+                                      f"fine-tuning step {step} (0 = before fine-tuning)")
+
+
 def summarise(results: list[ClientResult]) -> EvalResult:
     """Per-step unweighted client mean and sample-weighted mean, plus scalar summaries:
     ``acc`` / ``acc_weighted`` at the last step and ``acc_last3`` / ``acc_last3_weighted``, the
@@ -339,17 +351,20 @@ class Protocol:
 
     def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
                  executor: "Executor | None" = None) -> EvalResult:
-        """Every client's curve; ``executor.execution`` picks the path (default: sequential)."""
+        """Every client's curve; ``executor.execution`` picks the path (default: sequential).
+        A non-finite loss at any step (a diverging fine-tuning) raises :class:`DivergenceError`."""
         steps = self.cfg.steps if algorithm.finetune_at_eval else 0
         batched = executor is not None and executor.execution == "batched"
         if batched and batched_evaluation_fallback(algorithm) is None:
             clients = list(contexts.values())
             params = [algorithm.predictor(server, ctx) for ctx in clients]
-            return summarise(personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps))
-        results = [
-            personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
-            for ctx in contexts.values()
-        ]
+            results = personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps)
+        else:
+            results = [
+                personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
+                for ctx in contexts.values()
+            ]
+        check_finite_results(results)
         return summarise(results)
 
 

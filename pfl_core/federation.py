@@ -2,7 +2,8 @@
 
 Client sampling has its own RNG stream, so the sequence of sampled clients depends on the seed
 alone, never on the method. A non-finite training loss or server state stops the run with a
-:class:`DivergenceError` naming the round.
+:class:`DivergenceError` naming the round (a non-finite evaluation loss too: see
+:meth:`pfl_core.evaluation.Protocol.evaluate`).
 """
 from __future__ import annotations
 
@@ -18,13 +19,10 @@ from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine import Executor, WorkItem
+from pfl_core.errors import DivergenceError
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
 from pfl_core.training import Params, all_finite
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss or parameters."""
 
 
 class ClientSampler:
