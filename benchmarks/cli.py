@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -13,6 +14,24 @@ SUITES_DIR = Path("suites")
 DEFAULT_CHECKPOINT_EVERY = 50
 """Rounds between checkpoints of a run (``--checkpoint-every``): a paper run of 1000-2000 rounds
 killed mid-way loses at most 50 rounds; runs shorter than that never write one."""
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def device_arg(value: str) -> str:
+    """``--device``: auto, cpu, cuda, cuda:N or mps, checked before anything runs."""
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    return value
+
+
+def check_local_device(args) -> None:
+    """A CUDA device asked of this machine must exist (a Ray cluster's workers are checked there)."""
+    if args.executor == "local" and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SuiteError(f"--device {args.device}: torch sees no CUDA device on this machine; use "
+                             f"--device auto or cpu")
 
 
 def _tracker(args):
@@ -37,6 +56,7 @@ def _executor(args):
 
 def cmd_run(args) -> int:
     suite = load_suite(args.suite)
+    check_local_device(args)
     specs = suite.expand(args.profile, seeds=args.seeds, only=parse_only(args.only))
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
@@ -110,6 +130,8 @@ def cmd_tune(args) -> int:
     """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning)."""
     from benchmarks.tuning import TuneOptions, tune
 
+    check_local_device(args)
+
     opts = TuneOptions(profile=args.profile, trials=args.trials, timeout=args.timeout, storage=args.storage,
                        jobs=args.jobs, seeds=tuple(args.seeds), validation_fraction=args.validation_fraction,
                        val_split=args.val_split, eval_points=args.eval_points, sampler=args.sampler,
@@ -181,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="restrict to cells whose AXIS has one of the labels (repeatable)")
     executor_args(run, "parallel worker processes, also packed on one GPU (default 1); with --executor ray "
                        "and no --address: the runs a local Ray instance runs at once")
-    run.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    run.add_argument("--device", default="auto", type=device_arg, help="auto (CUDA if available), cpu or cuda")
     run.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     run.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
                      help="how clients are computed: batched (vmapped stacks of clients), sequential (one at a "
@@ -249,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--sampler-seed", type=int, default=0)
     tune.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
     tune.add_argument("--pruner-startup", type=int, default=5, help="trials before the median pruner prunes (5)")
-    tune.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    tune.add_argument("--device", default="auto", type=device_arg, help="auto (CUDA if available), cpu or cuda")
     tune.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     tune.add_argument("--no-write", action="store_true", help="do not write the tuned-parameters file")
     tune.set_defaults(func=cmd_tune)

@@ -36,21 +36,22 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 
 
 @dataclass
 class APFLHyper(HyperParams):
-    lr: float = 0.005
+    lr: PositiveFloat = 0.005
     """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; spec harness default)."""
-    local_steps: int = 10
+    local_steps: PositiveInt = 10
     """tau, local steps between synchronizations (spec harness default: tau = R = 10)."""
-    alpha_init: float = 0.5
+    alpha_init: Probability = 0.5
     """Initial mixing weight alpha_i (spec harness default 0.5; not given by the CGPFL paper)."""
     adaptive_alpha: bool = True
     """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""
-    alpha_lr: float = 0.0
+    alpha_lr: NonNegativeFloat = 0.0
     """Step size of the alpha update; 0 = ``lr`` (APFL Algorithm 1 uses the same eta)."""
     mix_with: str = "global"
     """Which w the personalized model mixes at evaluation: ``global`` (server w) or ``local`` (w_i)."""

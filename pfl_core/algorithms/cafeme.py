@@ -32,19 +32,20 @@ import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt
 from pfl_core.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, value_and_grad
 
 
 @dataclass
 class CAFeMeHyper(HyperParams):
-    inner_lr: float = 0.05
+    inner_lr: PositiveFloat = 0.05
     """alpha, SGD step of the inner loop (code ``lr_inner``: 0.05; FEMNIST 0.01)."""
-    outer_lr: float = 0.001
+    outer_lr: PositiveFloat = 0.001
     """beta, the client-side Adam learning rate (code ``lr_outer``)."""
-    adapt_steps: int = 5
+    adapt_steps: NonNegativeInt = 5
     """S, inner steps per round (code ``adapt_steps``: 5; FEMNIST 8)."""
-    query_batches: int = 6
+    query_batches: PositiveInt = 6
     """Train batches concatenated into the query set (code ``size_ratio``)."""
     first_order: bool = True
     """True: first-order MAML, as the code (spec diff 4). False: second order through the inner loop."""

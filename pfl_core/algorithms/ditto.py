@@ -29,24 +29,25 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, gradients, sgd_step
 
 
 @dataclass
 class DittoHyper(HyperParams):
-    lr: float = 0.001
+    lr: PositiveFloat = 0.001
     """Personal proximal-SGD learning rate (CAFeMe code: ``lr_outer`` = 0.001)."""
-    global_lr: float = 0.001
+    global_lr: PositiveFloat = 0.001
     """Learning rate of the global step (CAFeMe code: Adam, ``lr_outer`` = 0.001)."""
     global_optimizer: Literal["adam", "sgd"] = "adam"
     """Optimiser of the global step: ``adam`` (CAFeMe code) or ``sgd`` (plain FedAvg-style local SGD,
     the Ditto paper's global objective; CGPFL's Table 1 baseline)."""
-    mu: float = 0.1
+    mu: NonNegativeFloat = 0.1
     """Proximal weight mu (CAFeMe code ``mu`` = 0.1, every dataset)."""
-    personal_steps: int = 5
+    personal_steps: NonNegativeInt = 5
     """S, personal-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    global_steps: int = 5
+    global_steps: NonNegativeInt = 5
     """S, global-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     anchor: str = "local_copy"
     """Proximal anchor w: ``local_copy`` = the client's last local copy of the global model, or the

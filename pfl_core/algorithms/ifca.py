@@ -37,6 +37,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState, Weighting
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
+from pfl_core.config import PositiveInt
 from pfl_core.training import Params, average_params, batch_loss, model_params
 
 
@@ -48,7 +49,7 @@ class IFCAHyper(FedAvgHyper):
     weighting: Weighting = "uniform"
     """Per-cluster aggregation: ``uniform`` = plain mean over the clients that chose the cluster
     (CAFeMe code ``aggregate_model_params``); ``samples`` = weighted by train samples."""
-    num_clusters: int = 4
+    num_clusters: PositiveInt = 4
     """k, number of cluster models (CAFeMe code ``n_models_ifca``: RMNIST 4, CIFAR-10 3,
     FEMNIST 2, Meta-Dataset 8)."""
     init_seed_offset: int = 0

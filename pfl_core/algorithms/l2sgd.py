@@ -43,14 +43,14 @@ which one CGPFL ran is unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
-from typing import Literal
-
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, batch_loss, sgd_step
 
@@ -61,17 +61,17 @@ class L2SGDHyper(HyperParams):
     """``loopless``: the L2GD/L2SGD chain of Hanzely & Richtarik (the paper CGPFL cites; default).
     ``mean_regularized``: the Ditto authors' code's "L2SGD" (deterministic local steps on
     f_i + lam/2 ||x_i - x_bar||^2, x_bar = the plain mean; see the module docstring)."""
-    local_steps: int = 10
+    local_steps: PositiveInt = 10
     """``mean_regularized`` only: local steps per round (Ditto code ``local_iters``; CGPFL R = 10)."""
-    lr: float = 0.005
+    lr: PositiveFloat = 0.005
     """The local step a/(n(1-p)) (spec harness default: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
-    lam: float = 12.0
+    lam: NonNegativeFloat = 12.0
     """lambda of the penalty (spec harness default: CGPFL's lambda = 12)."""
-    p: float = 0.1
+    p: Probability = 0.1
     """Aggregation probability (spec harness default p = 1/R, R = 10)."""
     coin_seed: int = 0
     """Base seed of the common coin flips (the algorithm does not see the run seed)."""
-    max_local_steps: int = 0
+    max_local_steps: NonNegativeInt = 0
     """Cap on L per round (0 = no cap; the loopless chain as in the paper)."""
     weighting: Weighting = "uniform"
     """x_bar: ``uniform`` (the L2GD objective's plain mean) or ``samples``."""

@@ -47,6 +47,7 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 
@@ -148,17 +149,17 @@ class ProxHyper(HyperParams):
     """The proximal local-training hyperparameters shared by pFedMe and CGPFL; defaults are the
     CGPFL Table 1 setting for MNIST/FMNIST MLR."""
 
-    lr: float = 0.005
+    lr: PositiveFloat = 0.005
     """eta, the local-model step ``w <- w - lr*lam*(w - theta)`` (CGPFL Table 1: lr = 0.005 for
     MNIST/FMNIST, 0.03 for CIFAR10; pFedMe README MNIST: 0.005)."""
-    personal_lr: float = 0.1
+    personal_lr: PositiveFloat = 0.1
     """The inner (personal) step on theta (pFedMe README: 0.1 MLR, 0.09 DNN, 0.01 CNN; CGPFL spec
     "Which step size is lr" harness default)."""
-    lam: float = 12.0
+    lam: NonNegativeFloat = 12.0
     """lambda, the proximal regularization (CGPFL Table 1 caption: 12; pFedMe code: 15)."""
-    inner_steps: int = 5
+    inner_steps: PositiveInt = 5
     """Inner theta steps per local round: pFedMe's K_p (--K 5) = CGPFL's S (Table 1 caption: 5)."""
-    local_rounds: int = 10
+    local_rounds: PositiveInt = 10
     """R, local rounds per communication round, one mini-batch each (CGPFL Fig. 1/2 captions: 10;
     pFedMe code local_epochs = 20, issue #6)."""
     hidden_l2: float = 0.0
@@ -193,7 +194,7 @@ class ProxHyper(HyperParams):
 class PFedMeHyper(ProxHyper):
     """pFedMe hyperparameters (the shared proximal ones plus the server step)."""
 
-    beta: float = 1.0
+    beta: PositiveFloat = 1.0
     """Server mixing w <- (1-beta) w + beta avg (pFedMe paper settings: 1; 'fine-tuned': 2)."""
     weighting: Weighting = "samples"
     """Aggregation weights: ``samples`` (n_i / n_S, pFedMe code) or ``uniform``."""

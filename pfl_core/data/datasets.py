@@ -205,6 +205,7 @@ def synthetic(data_dir: Path, split: str, download: bool, **params: Any) -> Arra
 
 
 synthetic.offline = True  # known before loading: reports flag offline cells up front
+synthetic.params_from = offline.synthetic  # its data.params, checked when a suite is loaded
 
 
 @DATASETS.register("digits28")
@@ -215,3 +216,11 @@ def digits28(data_dir: Path, split: str, download: bool, **params: Any) -> Array
 
 
 digits28.offline = True
+digits28.params_from = offline.digits28
+
+
+def loader_params(name: str) -> Callable:
+    """The function whose keyword parameters are dataset ``name``'s ``data.params`` (the loader, or
+    the generator it forwards ``**params`` to), for checking a suite's values by their annotations."""
+    loader = DATASETS.get(name)
+    return getattr(loader, "params_from", loader)
