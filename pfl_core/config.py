@@ -53,6 +53,13 @@ class DataConfig:
     normalize: Literal["none", "pixel", "half"] = "none"
     """Input normalisation: ``none`` (the loader's), ``pixel`` (per-pixel standardisation over the
     dataset, pFedMe/CGPFL MNIST) or ``half`` ((x - 0.5) / 0.5 per channel, pFedMe CIFAR-10)."""
+    normalize_stats: Literal["auto", "dataset", "train"] = "auto"
+    """The samples ``pixel`` statistics come from. ``dataset``: the whole loaded dataset, held-out
+    and test clients included - the pFedMe/CGPFL code's convention (CGPFL spec, "Preprocessing"),
+    which produced the published numbers. ``train``: the train split of the run's training clients
+    only. ``auto`` (default): ``train`` when ``evaluation.target`` is ``validation`` (a tuning run
+    never sees test data, issue 15 item 6), else ``dataset``. ``dataset`` with the validation
+    target is rejected."""
     subsample: NonNegativeInt = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""
@@ -136,6 +143,12 @@ class RunConfig:
         cfg.check_consistency()
         return cfg
 
+    def pixel_stats_from(self) -> str:
+        """``dataset`` or ``train``: where ``pixel`` statistics come from (``data.normalize_stats``)."""
+        if self.data.normalize_stats == "auto":
+            return "train" if self.evaluation.target == "validation" else "dataset"
+        return self.data.normalize_stats
+
     def training_clients(self) -> int:
         """How many clients train: ``num_clients`` minus the unseen, then the validation clients
         (rounded as :func:`pfl_core.data.splits.split_seen_unseen` rounds them)."""
@@ -155,6 +168,10 @@ class RunConfig:
         if total >= 1:
             raise ConfigError(f"data.client_splits: the fractions sum to {total:g}, leaving nothing for "
                               f"{self.data.remainder!r}; make them sum to less than 1", "data.client_splits")
+        if self.evaluation.target == "validation" and self.data.normalize_stats == "dataset":
+            raise ConfigError("data.normalize_stats: 'dataset' statistics include test clients, which a "
+                              "tuning run (evaluation.target: validation) must not see; use auto or train",
+                              "data.normalize_stats")
         train = self.training_clients()
         if train < 1:
             raise ConfigError(f"data.unseen_fraction / data.validation_fraction leave no training client "

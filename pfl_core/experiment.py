@@ -9,7 +9,7 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -129,7 +129,10 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
     streams = RunStreams(cfg.seed)
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
-    dataset = standardize(_cached_dataset(d.dataset, params, d.split, data_dir), d.normalize)
+    from_train = d.normalize == "pixel" and cfg.pixel_stats_from() == "train"
+    dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
+    if not from_train:  # the paper code's order: statistics of the whole set, before subsampling
+        dataset = standardize(dataset, d.normalize)
     if d.subsample and d.subsample < len(dataset):
         keep = streams.numpy("subsample").choice(len(dataset), size=d.subsample, replace=False)
         dataset = dataset.subset(torch.as_tensor(sorted(keep)))
@@ -145,7 +148,11 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         remainder=d.remainder,
         validation_fraction=d.validation_fraction,
         min_train_size=cfg.federation.batch_size if d.redraw_short_clients else 0,
-    ).to(dev)
+    )
+    if from_train:  # statistics of the training clients' train splits only (a tuning run)
+        rows = torch.cat([fed.clients[c].splits["train"] for c in fed.train_clients])
+        fed = replace(fed, dataset=standardize(fed.dataset, "pixel", rows=rows))
+    fed = fed.to(dev)
 
     method_cls = METHODS.get(cfg.method.name)
     hp = method_cls.hyper_class.from_dict(cfg.method.params, where=f"method {cfg.method.name}: ")
