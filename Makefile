@@ -10,6 +10,9 @@ DEMO_JOBS ?= 2
 DEVICE   ?= auto
 PORT     ?= 5000
 OUT      ?= reports
+# the default stores' folder, as benchmarks/stores.py resolves it (never the current directory)
+RESULTS  ?= $(or $(PFLBENCH_RESULTS_DIR),$(CURDIR)/results)
+MASK_URI := sed -E 's\#(://[^:/@]*):[^@/]*@\#\1:***@\#'
 PFLBENCH := $(BIN)/pflbench
 STAMP    := $(VENV)/.installed
 SUITES   := $(sort $(wildcard suites/*/*.yaml))
@@ -52,12 +55,16 @@ list: $(STAMP) ## List registered methods, datasets, models, partitioners and su
 	@for what in methods datasets models partitioners protocols suites; do \
 		echo "== $$what"; $(PFLBENCH) list $$what; done
 
-mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:$(PORT))
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/results/mlflow.db \
-		--default-artifact-root $(CURDIR)/results/mlartifacts --host 127.0.0.1 --port $(PORT)
+mlflow-ui: $(STAMP) ## Serve the MLflow UI of MLFLOW_TRACKING_URI, else of the local store (http://127.0.0.1:$(PORT))
+	@uri="$${MLFLOW_TRACKING_URI:-sqlite:///$(RESULTS)/mlflow.db}"; shown=$$(echo "$$uri" | $(MASK_URI)); \
+	case "$$uri" in http://*|https://*) \
+		echo "MLFLOW_TRACKING_URI is a tracking server, which serves its own UI: open $$shown"; exit 0;; esac; \
+	echo "MLflow UI of $$shown on http://127.0.0.1:$(PORT)"; \
+	exec $(BIN)/mlflow ui --backend-store-uri "$$uri" --default-artifact-root $(RESULTS)/mlartifacts \
+		--host 127.0.0.1 --port $(PORT)
 
 clean-results: ## Delete the local MLflow store and rendered reports (asks no question)
-	rm -rf results/mlflow.db results/mlartifacts reports/*/ reports/*.pdf
+	rm -rf $(RESULTS)/mlflow.db $(RESULTS)/mlartifacts reports/*/ reports/*.pdf
 
 .PHONY: reports
 PAPERS := $(sort $(notdir $(patsubst %/,%,$(dir $(SUITES)))))
@@ -71,7 +78,7 @@ reports: $(STAMP) ## Render the report of every paper that has suites (PROFILE=.
 # -- tuning (benchmarks/tuning.py) --------------------------------------------------------------------
 TRIALS       ?= 20
 TUNE_PROFILE ?= $(PROFILE)
-OPTUNA_DB    ?= $(CURDIR)/results/optuna.db
+OPTUNA_DB    ?= $(RESULTS)/optuna.db
 
 tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation data) per cell of every method the suite tunes
 	@suite="$(filter suites/$(subst -,/,$*).yaml,$(SUITES))"; \

@@ -71,7 +71,7 @@ def cmd_run(args) -> int:
             print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
                   f"hash={spec.config_hash} {state}")
         print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
-              f"profile={args.profile}, store={tracker.uri}")
+              f"profile={args.profile}, store={tracker.public_uri}")
         return 0
     from benchmarks.claims import LEASE_S
     from benchmarks.runner import SweepInterrupted
@@ -88,7 +88,7 @@ def cmd_run(args) -> int:
     elsewhere = f", {summary.elsewhere} left to another runner" if summary.elsewhere else ""
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped{elsewhere} of {summary.total} runs in {summary.wall_s:.1f}s; "
-          f"store: {tracker.uri}")
+          f"store: {tracker.public_uri}")
     rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]})) if args.report else 0
     return 1 if summary.failed and not args.allow_failures else rc
 
@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def store_args(p):
         p.add_argument("--tracking-uri", default=None,
-                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)")
+                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results dir>/mlflow.db, "
+                            "the results dir being $PFLBENCH_RESULTS_DIR or the checkout's results/)")
         p.add_argument("--profile", default="paper", help="paper (default), quick, smoke, ...")
 
     run = sub.add_parser("run", help="run every cell x seed of a suite, skipping finished runs")
@@ -257,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=20, help="trial budget of each study (total; default 20)")
     tune.add_argument("--timeout", type=float, default=None, help="seconds per worker for this call")
     tune.add_argument("--storage", default=None,
-                      help="Optuna RDB URL (default sqlite:///results/optuna.db; postgresql://... for many workers)")
+                      help="Optuna RDB URL (default sqlite:///<results dir>/optuna.db; postgresql://... for many workers)")
     executor_args(tune, "workers sharing the storage, each running its share of the trials (default 1): "
                         "processes, or Ray tasks with --executor ray")
     tune.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001],
@@ -282,14 +283,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _masked_excepthook(kind, value, tb) -> None:
+    """Print an uncaught exception's traceback with every password in a URI masked."""
+    import traceback
+
+    from benchmarks.stores import mask_uri
+
+    sys.stderr.write(mask_uri("".join(traceback.format_exception(kind, value, tb))))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.stores import StoreError, mask_uri
+
+    sys.excepthook = _masked_excepthook  # tracebacks too keep store passwords out
     args = build_parser().parse_args(argv)
     if getattr(args, "data_dir", None):
         os.environ["PFL_DATA_DIR"] = args.data_dir
     try:
         return args.func(args)
-    except SuiteError as err:
-        print(f"pflbench: error: {err}", file=sys.stderr)
+    except (SuiteError, StoreError) as err:
+        print(f"pflbench: error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
 
 

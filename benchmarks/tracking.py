@@ -1,7 +1,9 @@
 """MLflow tracking: one experiment per suite, one run per (cell, seed, profile).
 
-The default store is SQLite under ``results/``; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI``
-point elsewhere (a shared tracking server). All writes go through :class:`Tracker` in the parent
+The default store is SQLite in :func:`benchmarks.stores.results_dir` (the checkout's ``results/``
+or ``$PFLBENCH_RESULTS_DIR``, whatever the current directory); ``--tracking-uri`` or
+``MLFLOW_TRACKING_URI`` point elsewhere (a shared tracking server, checked to answer first; its
+password is kept out of everything printed, see :mod:`benchmarks.stores`). All writes go through :class:`Tracker` in the parent
 process, so worker processes never contend for the store.
 """
 from __future__ import annotations
@@ -17,20 +19,21 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
 from benchmarks.suite import RunSpec
 
-RESULTS_DIR = Path("results")
 METRIC_BATCH = 1000
 PARAM_VALUE_LIMIT = 6000
 STORE_RETRIES = 12
 
 
-def default_tracking_uri(results_dir: Path = RESULTS_DIR) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<abs>/results/mlflow.db``."""
+def default_tracking_uri(folder: Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<results dir>/mlflow.db``."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    results_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{results_dir.resolve() / 'mlflow.db'}"
+    folder = folder or results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
 
 
 def default_artifact_root(uri: str) -> Path:
@@ -39,7 +42,7 @@ def default_artifact_root(uri: str) -> Path:
     when the experiment is created here (a tracking server has its own artifact root)."""
     if uri.startswith("sqlite:///"):
         return Path(uri[len("sqlite:///"):]).parent / "mlartifacts"
-    return RESULTS_DIR / "mlartifacts"
+    return results_dir() / "mlartifacts"
 
 
 def git_state() -> tuple[str, bool]:
@@ -98,10 +101,16 @@ class Tracker:
     """Reads and writes the runs of one suite's experiment."""
 
     def __init__(self, tracking_uri: str | None = None, artifact_root: Path | None = None):
-        self.uri = tracking_uri or default_tracking_uri()
+        self.uri = use_credentials(tracking_uri or default_tracking_uri())  # no password inside
+        check_reachable(self.uri)  # seconds, not MLflow's minutes of retries
         self.client = open_client(self.uri)
         self.artifact_root = artifact_root or default_artifact_root(self.uri)
         self._experiments: dict[str, str] = {}
+
+    @property
+    def public_uri(self) -> str:
+        """The store's address for messages, any password masked."""
+        return mask_uri(self.uri)
 
     def experiment_id(self, suite_key: str, create: bool = True) -> str | None:
         """The experiment's id, created if ``create``. Several runners may open a fresh store at

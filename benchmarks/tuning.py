@@ -63,9 +63,9 @@ import optuna
 import yaml
 
 from benchmarks.search_spaces import get_space
+from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
 
-RESULTS_DIR = Path("results")
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
 SUMMARY_KEYS = ("acc", "acc_weighted", "acc_last3", "acc_last3_weighted", "acc_step0")
@@ -120,19 +120,16 @@ class StudyResult:
 
 
 # -- storage ----------------------------------------------------------------------------------------
-def default_storage(results_dir: Path = RESULTS_DIR) -> str:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{results_dir.resolve() / 'optuna.db'}"
+def default_storage(folder: Path | None = None) -> str:
+    """``sqlite:///<results dir>/optuna.db`` (:func:`benchmarks.stores.results_dir`)."""
+    folder = folder or results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder.resolve() / 'optuna.db'}"
 
 
 def public_url(url: str) -> str:
     """The storage URL without its password (for provenance, tags and messages)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not an SQLAlchemy URL: keep as is
-        return url
+    return mask_uri(url)
 
 
 def study_name(suite: Suite, cid: str, method: str, profile: str) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,10 +287,23 @@ def test_git_state_outside_a_repository(tmp_path, monkeypatch):
     assert git_state() == ("unknown", True)
 
 
-def test_default_store_is_under_cwd_results(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert default_tracking_uri() == f"sqlite:///{(tmp_path / 'results' / 'mlflow.db').resolve()}"
-    assert (tmp_path / "results").is_dir()
+def test_default_store_does_not_depend_on_the_current_directory(tmp_path, monkeypatch):
+    """Issue 15 item 7: a sweep started from another folder finds the same store: the checkout's
+    results/ by default, $PFLBENCH_RESULTS_DIR when set, $MLFLOW_TRACKING_URI above both."""
+    from benchmarks.tuning import default_storage
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("PFLBENCH_RESULTS_DIR", raising=False)
+    repo = Path(__file__).resolve().parents[1]
+    uris = set()
+    for cwd in (tmp_path, repo / "suites"):
+        monkeypatch.chdir(cwd)
+        uris.add(default_tracking_uri())
+    assert uris == {f"sqlite:///{repo / 'results' / 'mlflow.db'}"}
+    assert not (tmp_path / "results").exists()
+    monkeypatch.setenv("PFLBENCH_RESULTS_DIR", str(tmp_path / "elsewhere"))
+    assert default_tracking_uri() == f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}"
+    assert default_storage() == f"sqlite:///{tmp_path / 'elsewhere' / 'optuna.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
     assert default_tracking_uri() == f"sqlite:///{tmp_path}/env.db"
 
