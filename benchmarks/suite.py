@@ -38,8 +38,11 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 
 A run's configuration is built as base <- cell values <- method overrides <- conditional
 overrides <- profile overrides (``set``, then its ``methods``, then its ``overrides``).
-Every expanded run is validated (dataset, model, method, partitioner, protocol, every key) when
-the suite is loaded, so a bad suite fails before anything runs, with the file and key named.
+Every expanded run is validated (dataset, model, method, partitioner, protocol, every key, and
+every value against the type and range declared on its dataclass field or function parameter, see
+:class:`pfl_core.config.Range`) when the suite is loaded, as are the suite's own keys (seeds, grid,
+metric, published numbers), so a bad suite fails before anything runs, in one line naming the file,
+the suite entry that set the value and the fix.
 """
 from __future__ import annotations
 
