@@ -435,7 +435,7 @@ def validate_config(config: dict, where: str, origins: dict[str, str] | None = N
             METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
                                                             where=f"model.warm_start[{i}]: ")
         PROTOCOLS.get(cfg.evaluation.protocol)
-        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ")
+        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
         partition = dict(cfg.data.partition)
         if "name" not in partition:
             raise ConfigError("data.partition needs a 'name'", "data.partition")
