@@ -6,9 +6,13 @@ VENV     ?= .venv
 BIN      := $(VENV)/bin
 PROFILE  ?= paper
 JOBS     ?= 1
+DEMO_JOBS ?= 2
 DEVICE   ?= auto
 PORT     ?= 5000
 OUT      ?= reports
+# the default stores' folder, as benchmarks/stores.py resolves it (never the current directory)
+RESULTS  ?= $(or $(PFLBENCH_RESULTS_DIR),$(CURDIR)/results)
+MASK_URI := sed -E 's\#(://[^:/@]*):[^@/]*@\#\1:***@\#'
 PFLBENCH := $(BIN)/pflbench
 STAMP    := $(VENV)/.installed
 SUITES   := $(sort $(wildcard suites/*/*.yaml))
@@ -21,7 +25,7 @@ help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@for f in $(SUITES); do p=$$(basename $$(dirname $$f)); n=$$(basename $$f .yaml); \
 		printf "  \033[36m%-26s\033[0m run %s, then render its report\n" "reproduce-$$p-$$n" "$$f"; done
-	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
+	@echo "  Variables: PROFILE=paper|quick|smoke  JOBS=N  DEMO_JOBS=N (make demo, default 2)  DEVICE=auto|cpu|cuda  PFL_DATA_DIR=<datasets>"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,13 +37,13 @@ setup: $(STAMP) ## Create .venv and install the project with its dev extra
 	@echo "environment ready: $(VENV)"
 
 demo: $(STAMP) ## Run the offline demo suite (no download) and render its report
-	$(PFLBENCH) run suites/demo/offline.yaml --jobs $(JOBS) --device $(DEVICE) --report
+	$(PFLBENCH) run suites/demo/offline.yaml --jobs $(DEMO_JOBS) --device $(DEVICE) --report
 
 reproduce-%: $(STAMP) ## reproduce-<paper>-<suite>: one suite; reproduce-<paper>: all of a paper
 	@suites="$(filter suites/$(subst -,/,$*).yaml,$(SUITES))"; \
 	[ -n "$$suites" ] || suites="$(filter suites/$*/%,$(SUITES))"; \
 	[ -n "$$suites" ] || { echo "no suite for '$*'; see 'make help'"; exit 2; }; \
-	for f in $$suites; do $(call RUN,$$f) || exit $$?; done
+	rc=0; for f in $$suites; do $(call RUN,$$f) || { rc=$$?; [ $$rc -lt 128 ] || exit $$rc; }; done; exit $$rc
 
 # Chromium for tests/test_mlflow_browser.py (driven by the `playwright` package of the dev extra; Playwright's
 # own browser download is not used). Debian/Ubuntu: installed with apt-get when missing.
@@ -63,13 +67,17 @@ list: $(STAMP) ## List registered methods, datasets, models, partitioners and su
 	@for what in methods datasets models partitioners protocols suites; do \
 		echo "== $$what"; $(PFLBENCH) list $$what; done
 
-mlflow-ui: $(STAMP) ## Serve the MLflow UI on the local store (http://127.0.0.1:$(PORT)); prints each suite's link
-	@$(BIN)/python -m benchmarks.mlflow_ui --store sqlite:///$(CURDIR)/results/mlflow.db --base http://127.0.0.1:$(PORT)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/results/mlflow.db \
-		--default-artifact-root $(CURDIR)/results/mlartifacts --host 127.0.0.1 --port $(PORT)
+mlflow-ui: $(STAMP) ## Serve the MLflow UI of MLFLOW_TRACKING_URI, else of the local store (http://127.0.0.1:$(PORT)); prints each suite's link
+	@uri="$${MLFLOW_TRACKING_URI:-sqlite:///$(RESULTS)/mlflow.db}"; shown=$$(echo "$$uri" | $(MASK_URI)); \
+	case "$$uri" in http://*|https://*) \
+		echo "MLFLOW_TRACKING_URI is a tracking server, which serves its own UI: open $$shown"; exit 0;; esac; \
+	echo "MLflow UI of $$shown on http://127.0.0.1:$(PORT)"; \
+	$(BIN)/python -m benchmarks.mlflow_ui --store "$$uri" --base http://127.0.0.1:$(PORT); \
+	exec $(BIN)/mlflow ui --backend-store-uri "$$uri" --default-artifact-root $(RESULTS)/mlartifacts \
+		--host 127.0.0.1 --port $(PORT)
 
 clean-results: ## Delete the local MLflow store and rendered reports (asks no question)
-	rm -rf results/mlflow.db results/mlartifacts reports/*/ reports/*.pdf
+	rm -rf $(RESULTS)/mlflow.db $(RESULTS)/mlartifacts reports/*/ reports/*.pdf
 
 .PHONY: reports
 PAPERS := $(sort $(notdir $(patsubst %/,%,$(dir $(SUITES)))))
@@ -83,7 +91,7 @@ reports: $(STAMP) ## Render the report of every paper that has suites (PROFILE=.
 # -- tuning (benchmarks/tuning.py) --------------------------------------------------------------------
 TRIALS       ?= 20
 TUNE_PROFILE ?= $(PROFILE)
-OPTUNA_DB    ?= $(CURDIR)/results/optuna.db
+OPTUNA_DB    ?= $(RESULTS)/optuna.db
 
 tune-%: $(STAMP) ## tune-<paper>-<suite>: Optuna study (TRIALS=20, validation data) per cell of every method the suite tunes
 	@suite="$(filter suites/$(subst -,/,$*).yaml,$(SUITES))"; \

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +12,27 @@ from benchmarks.suite import SuiteError, load_suite, parse_only
 from pfl_core.experiment import EXECUTION_CHOICES
 
 SUITES_DIR = Path("suites")
+DEFAULT_CHECKPOINT_EVERY = 50
+"""Rounds between checkpoints of a run (``--checkpoint-every``): a paper run of 1000-2000 rounds
+killed mid-way loses at most 50 rounds; runs shorter than that never write one."""
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def device_arg(value: str) -> str:
+    """``--device``: auto, cpu, cuda, cuda:N or mps, checked before anything runs."""
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a device; use auto, cpu, cuda, cuda:N or mps")
+    return value
+
+
+def check_local_device(args) -> None:
+    """A CUDA device asked of this machine must exist (a Ray cluster's workers are checked there)."""
+    if args.executor == "local" and args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SuiteError(f"--device {args.device}: torch sees no CUDA device on this machine; use "
+                             f"--device auto or cpu")
 
 
 def _tracker(args):
@@ -35,6 +57,7 @@ def _executor(args):
 
 def cmd_run(args) -> int:
     suite = load_suite(args.suite)
+    check_local_device(args)
     specs = suite.expand(args.profile, seeds=args.seeds, only=parse_only(args.only))
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
@@ -49,14 +72,24 @@ def cmd_run(args) -> int:
             print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
                   f"hash={spec.config_hash} {state}")
         print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
-              f"profile={args.profile}, store={tracker.uri}")
+              f"profile={args.profile}, store={tracker.public_uri}")
         return 0
-    summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
-                        executor=_executor(args), execution=args.execution,
-                        lockstep_seeds=args.lockstep_seeds, command=getattr(args, "command_line", None))
+    from benchmarks.claims import LEASE_S
+    from benchmarks.runner import SweepInterrupted
+
+    try:
+        summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
+                            executor=_executor(args), execution=args.execution,
+                            lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
+                            checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
+                            deterministic=args.deterministic, command=getattr(args, "command_line", None))
+    except SweepInterrupted as stop:
+        print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
+        return stop.exit_code
+    elsewhere = f", {summary.elsewhere} left to another runner" if summary.elsewhere else ""
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
-          f"{summary.skipped} skipped of {summary.total} runs in {summary.wall_s:.1f}s; "
-          f"store: {tracker.uri}")
+          f"{summary.skipped} skipped{elsewhere} of {summary.total} runs in {summary.wall_s:.1f}s; "
+          f"store: {tracker.public_uri}")
     rc, rendered = 0, []
     if args.report:
         rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]}), rendered)
@@ -64,8 +97,8 @@ def cmd_run(args) -> int:
     from benchmarks.mlflow_ui import experiment_url, ui_base
 
     print(f"MLflow UI ({'make mlflow-ui, then ' if tracker.uri.startswith('sqlite:') else ''}open): "
-          f"{experiment_url(ui_base(tracker.uri), tracker.experiment_id(suite.key))}")
-    return 1 if summary.failed and args.strict else rc
+          f"{experiment_url(ui_base(tracker.public_uri), tracker.experiment_id(suite.key))}")
+    return 1 if summary.failed and not args.allow_failures else rc
 
 
 def report_files(rendered: list, suite_key: str) -> list[Path]:
@@ -118,6 +151,8 @@ def cmd_tune(args) -> int:
     """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning)."""
     from benchmarks.tuning import TuneOptions, tune
 
+    check_local_device(args)
+
     opts = TuneOptions(profile=args.profile, trials=args.trials, timeout=args.timeout, storage=args.storage,
                        jobs=args.jobs, seeds=tuple(args.seeds), validation_fraction=args.validation_fraction,
                        val_split=args.val_split, eval_points=args.eval_points, sampler=args.sampler,
@@ -163,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     def executor_args(p, jobs_help):
         p.add_argument("--jobs", type=int, default=1, help=jobs_help)
         p.add_argument("--threads", type=int, default=None,
-                       help="torch threads per worker (default: CPU cores // --jobs; one run in this process: "
-                            "torch's default; a Ray cluster run: 1)")
+                       help="torch intra-op threads of every run (default 1, whatever --jobs: the numbers "
+                            "then do not depend on --jobs; not part of the config hash, recorded per run)")
         p.add_argument("--executor", choices=["local", "ray"], default="local",
                        help="local: this process or --jobs worker processes (default); ray: Ray tasks")
         p.add_argument("--address", default=None,
@@ -178,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def store_args(p):
         p.add_argument("--tracking-uri", default=None,
-                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)")
+                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results dir>/mlflow.db, "
+                            "the results dir being $PFLBENCH_RESULTS_DIR or the checkout's results/)")
         p.add_argument("--profile", default="paper", help="paper (default), quick, smoke, ...")
 
     run = sub.add_parser("run", help="run every cell x seed of a suite, skipping finished runs")
@@ -189,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="restrict to cells whose AXIS has one of the labels (repeatable)")
     executor_args(run, "parallel worker processes, also packed on one GPU (default 1); with --executor ray "
                        "and no --address: the runs a local Ray instance runs at once")
-    run.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    run.add_argument("--device", default="auto", type=device_arg, help="auto (CUDA if available), cpu or cuda")
     run.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     run.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
                      help="how clients are computed: batched (vmapped stacks of clients), sequential (one at a "
@@ -198,14 +234,33 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
                      help="run the seeds of each cell together in lockstep, their clients stacked on the "
                           "batched path (one unit of work per cell for --jobs / Ray)")
+    run.add_argument("--lease", type=float, default=None, metavar="SECONDS",
+                     help="lease of a claimed run (default 60): another runner recomputes a run whose "
+                          "runner died on another machine once its lease expired (on this machine: at once)")
+    run.add_argument("--checkpoint-every", type=int, default=DEFAULT_CHECKPOINT_EVERY, metavar="N",
+                     help=f"save each run's federation state every N rounds and resume a killed run from it "
+                          f"(default {DEFAULT_CHECKPOINT_EVERY}; 0: never)")
+    run.add_argument("--checkpoint-dir", default=None,
+                     help="checkpoint folder (default: checkpoints/ beside a SQLite store, else results/checkpoints)")
+    run.add_argument("--deterministic", action="store_true",
+                     help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
+                          "deterministic=true); like --execution, never part of the config hash")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")
-    run.add_argument("--strict", action="store_true", help="exit 1 if any run failed")
+    failures = run.add_mutually_exclusive_group()
+    failures.add_argument("--allow-failures", action="store_true",
+                          help="exit 0 even if runs failed (default: exit 1 when any run of this call failed; "
+                               "the failed runs are logged FAILED with their reason either way)")
+    failures.add_argument("--strict", action="store_true",
+                          help="exit 1 when any run failed: the default since issue 15 (kept for old scripts)")
     run.set_defaults(func=cmd_run)
 
+    from benchmarks.code_reference import REPORT_HELP
+
     report = sub.add_parser("report", help="render tables (Markdown, LaTeX, CSV), figures and the "
-                                           "paper's PDF from the MLflow store")
+                                           "paper's PDF from the MLflow store", epilog=REPORT_HELP,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("suites", nargs="*", help="suite files (their paper's PDF covers the paper's folder)")
     report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
     store_args(report)
@@ -224,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--trials", type=int, default=20, help="trial budget of each study (total; default 20)")
     tune.add_argument("--timeout", type=float, default=None, help="seconds per worker for this call")
     tune.add_argument("--storage", default=None,
-                      help="Optuna RDB URL (default sqlite:///results/optuna.db; postgresql://... for many workers)")
+                      help="Optuna RDB URL (default sqlite:///<results dir>/optuna.db; postgresql://... for many workers)")
     executor_args(tune, "workers sharing the storage, each running its share of the trials (default 1): "
                         "processes, or Ray tasks with --executor ray")
     tune.add_argument("--seeds", type=int, nargs="+", default=[1000, 1001],
@@ -238,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--sampler-seed", type=int, default=0)
     tune.add_argument("--pruner", choices=["median", "hyperband", "none"], default="median")
     tune.add_argument("--pruner-startup", type=int, default=5, help="trials before the median pruner prunes (5)")
-    tune.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    tune.add_argument("--device", default="auto", type=device_arg, help="auto (CUDA if available), cpu or cuda")
     tune.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     tune.add_argument("--no-write", action="store_true", help="do not write the tuned-parameters file")
     tune.set_defaults(func=cmd_tune)
@@ -249,15 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _masked_excepthook(kind, value, tb) -> None:
+    """Print an uncaught exception's traceback with every password in a URI masked."""
+    import traceback
+
+    from benchmarks.stores import mask_uri
+
+    sys.stderr.write(mask_uri("".join(traceback.format_exception(kind, value, tb))))
+
+
 def main(argv: list[str] | None = None) -> int:
+    from benchmarks.stores import StoreError, mask_uri
+
+    sys.excepthook = _masked_excepthook  # tracebacks too keep store passwords out
     args = build_parser().parse_args(argv)
     args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):
         os.environ["PFL_DATA_DIR"] = args.data_dir
     try:
         return args.func(args)
-    except SuiteError as err:
-        print(f"pflbench: error: {err}", file=sys.stderr)
+    except (SuiteError, StoreError) as err:
+        print(f"pflbench: error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
 
 

@@ -1,9 +1,10 @@
-"""The suite runner: expand, skip what already FINISHED, run the rest, log every run.
+"""The suite runner: expand, skip what already FINISHED, claim and run the rest, log every run.
 
 Where runs execute is an *executor*; each yields every run's outcome as it completes and the
-parent alone writes it to MLflow, so an interrupted sweep leaves no half-written run and resumes
-where it stopped. A diverging run (NaN), a crashing run or a run whose worker died is logged as
-FAILED with its reason and the sweep goes on.
+parent alone writes it to MLflow, into the run it claimed before the computation started
+(:mod:`benchmarks.claims`), so concurrent runners never compute a configuration twice and an
+interrupted sweep leaves no RUNNING debris (README, "Reliability"). A diverging run (NaN), a
+crashing run or a run whose worker died is logged as FAILED with its reason and the sweep goes on.
 
 :class:`LocalExecutor` (``--executor local``, the default)
     This process (``--jobs 1``, with a per-round progress bar) or a pool of ``--jobs N`` spawned
@@ -14,36 +15,46 @@ FAILED with its reason and the sweep goes on.
     ``--threads`` CPUs and ``--gpus-per-run`` of a GPU (0.25: four runs share a GPU). A task whose
     worker died is retried ``--max-retries`` times, then its run is logged FAILED.
 
-Threads: a worker runs ``torch.set_num_threads(T)`` with ``T = --threads``, by default
-``max(1, cpu_count // jobs)`` so that N workers never oversubscribe the CPU, whether they compute
-on it or only feed a GPU (one run in this process keeps torch's default unless ``--threads``; a Ray
-cluster run defaults to 1). ``run_info.json`` records each run's ``torch_threads``.
+Threads: every run computes with ``torch.set_num_threads(T)``, ``T = --threads``, by default
+:data:`DEFAULT_THREADS` (1) whatever ``--jobs`` and the executor: the intra-op thread count
+changes how float sums are split, hence the last bits of a run's numbers, so a fixed default makes
+``--jobs 1`` and ``--jobs 8`` give bit-identical results (README, "Reliability"). It is not part
+of the config hash (like the device, it changes rounding, not what is computed); each run records
+it (tag ``torch_threads``, ``run_info.json``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Hashable, Iterable, Iterator
 
 import torch
 from tqdm.auto import tqdm
 
 from benchmarks.suite import RunSpec, Suite, SuiteError
+from benchmarks.claims import LEASE_S, ClaimBook
+from benchmarks.lifecycle import Interrupted, signals_interrupt, worker_init
 from benchmarks.tracking import Tracker, command_line, git_state
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
+from pfl_core.seeding import use_deterministic
 
 KILL_HOOK_ENV = "PFLBENCH_TEST_KILL_DIR"
-"""Test hook (tests/test_ray.py): when this names a folder holding a file named after a run's config
-hash, the worker that starts that run deletes the file and kills itself (SIGKILL), as a worker lost
-mid-run; the run's next attempt runs normally. Inert when unset."""
+"""Test hook (tests/test_ray.py, tests/test_reliability.py): when this names a folder holding a file
+named after a run's config hash, the worker that starts that run deletes the file and kills itself
+(SIGKILL), as a worker lost mid-run; the run's next attempt runs normally. A file ``<hash>.always``
+kills every attempt. Inert when unset."""
 
 
 @dataclass
@@ -53,6 +64,8 @@ class SweepSummary:
     finished: int
     failed: int
     wall_s: float
+    elsewhere: int = 0
+    """Runs another runner claimed (or finished) while this sweep ran: left to it."""
     parent_run_id: str | None = None
     """The sweep's parent MLflow run (:meth:`benchmarks.tracking.Tracker.start_sweep`)."""
 
@@ -61,19 +74,59 @@ class ExecutorError(SuiteError):
     """Bad executor options, Ray missing or unreachable; the message names the fix."""
 
 
-def default_threads(jobs: int) -> int:
-    """Torch threads per worker when ``jobs`` workers share this machine: cpu_count // jobs, >= 1."""
-    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+DEFAULT_THREADS = 1
+"""Torch intra-op threads of every run unless ``--threads``: fixed, so that the numbers of a run do
+not depend on ``--jobs`` (issue 15, item 3). Use ``--jobs`` to fill the cores."""
 
 
-def _kill_hook(spec: RunSpec) -> None:
+def check_threads(threads: int | None) -> int:
+    """``threads`` or :data:`DEFAULT_THREADS`; below 1 is an error naming the flag."""
+    if threads is not None and threads < 1:
+        raise ExecutorError(f"--threads must be >= 1, got {threads}")
+    return threads or DEFAULT_THREADS
+
+
+def _kill_hook(spec: RunSpec, after_round: int | None = None) -> None:
+    """The test hook of :data:`KILL_HOOK_ENV`: before a run (``after_round`` None) or after its
+    round ``after_round`` (a file ``<hash>.round<N>``)."""
     folder = os.environ.get(KILL_HOOK_ENV)
-    if folder:
-        try:
-            os.remove(os.path.join(folder, spec.config_hash))
-        except FileNotFoundError:
-            return
+    if not folder:
+        return
+    if after_round is None and os.path.exists(os.path.join(folder, spec.config_hash + ".always")):
         os.kill(os.getpid(), signal.SIGKILL)
+    name = spec.config_hash if after_round is None else f"{spec.config_hash}.round{after_round}"
+    try:
+        os.remove(os.path.join(folder, name))
+    except FileNotFoundError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where and how often runs save their federation state (``--checkpoint-every``,
+    ``--checkpoint-dir``): ``<folder>/<config hash>.pt``, every ``every`` rounds (0: never). A run
+    with a checkpoint resumes from it; the parent deletes it once the run is logged."""
+
+    folder: str
+    every: int = 0
+
+    def path(self, spec: RunSpec) -> Path:
+        return Path(self.folder) / f"{spec.config_hash}.pt"
+
+    def for_runs(self, specs: list[RunSpec]) -> Checkpointing | None:
+        return Checkpointing([self.path(s) for s in specs], self.every) if self.every else None
+
+    def discard(self, spec: RunSpec) -> None:
+        self.path(spec).unlink(missing_ok=True)
+
+
+def default_checkpoint_dir(tracking_uri: str) -> Path:
+    """Checkpoints of a SQLite store live beside its database (``checkpoints/``), else under
+    ``results/checkpoints``."""
+    if tracking_uri.startswith("sqlite:///"):
+        return Path(tracking_uri[len("sqlite:///"):]).parent.resolve() / "checkpoints"
+    return Path("results", "checkpoints").resolve()
 
 
 def _failure(started: float, err: BaseException) -> dict:
@@ -87,19 +140,36 @@ def _outcome(started: float, result) -> dict:
     return {"started": started, "ended": time.time(), "metrics": result.metrics,
             "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
             "curve_weighted": result.curve_weighted,
-            "info": {**result.info, "torch_threads": torch.get_num_threads()}}
+            "info": {**result.info, "torch_threads": torch.get_num_threads(),
+                     "deterministic": torch.are_deterministic_algorithms_enabled()}}
 
 
-def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int | None = None,
-                  progress: bool = False, execution: str = "auto") -> list[dict]:
+def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
+                  progress: bool = False, execution: str = "auto",
+                  checkpoints: CheckpointPlan | None = None, deterministic: bool = False) -> list[dict]:
     """Run specs that differ only in their seed - in lockstep when there are several
-    (:func:`pfl_core.experiment.run_experiments`) - and return one picklable outcome (metrics,
-    history, clients) or error per spec. A group that fails is rerun one spec at a time, so that
-    one diverging seed fails alone."""
+    (:func:`pfl_core.experiment.run_experiments`) - with ``threads`` torch threads, and return one
+    picklable outcome (metrics, history, clients) or error per spec. A group that fails is rerun
+    one spec at a time, so that one diverging seed fails alone. ``checkpoints``: save and resume
+    (:class:`CheckpointPlan`). ``deterministic``: :func:`pfl_core.seeding.use_deterministic` in this
+    process first (recorded in ``run_info.json`` and the run's tags)."""
+    before, was_deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    if deterministic:
+        use_deterministic(True)
+    try:
+        return _execute(specs, device, data_dir, threads, progress, execution, checkpoints)
+    finally:  # a run in this process leaves the caller's settings as they were
+        torch.set_num_threads(before)
+        if deterministic and not was_deterministic:
+            torch.use_deterministic_algorithms(False)
+
+
+def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: int, progress: bool,
+             execution: str, checkpoints: CheckpointPlan | None) -> list[dict]:
     for spec in specs:
         _kill_hook(spec)
-    if threads:
-        torch.set_num_threads(threads)
+    saving = checkpoints.for_runs(specs) if checkpoints else None
     started = time.time()
     cfgs = [RunConfig.from_dict(spec.config) for spec in specs]
     seeds = ",".join(str(spec.seed) for spec in specs)
@@ -109,18 +179,20 @@ def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threa
     def on_round(round_idx: int, metrics: dict) -> None:
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
+        _kill_hook(specs[0], after_round=round_idx + 1)
 
     try:
         if len(specs) == 1:
             results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution)]
+                                      execution=execution, checkpointing=saving)]
         else:
             results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution)
+                                      execution=execution, checkpointing=saving)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
         if len(specs) > 1:
             bar.close()
-            return [execute_specs([spec], device, data_dir, threads, progress, execution)[0] for spec in specs]
+            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints)[0]
+                    for spec in specs]
         return [_failure(started, err)]
     finally:
         bar.close()
@@ -137,24 +209,36 @@ def group_specs(specs: list[RunSpec], lockstep: bool) -> list[list[RunSpec]]:
     return list(groups.values())
 
 
-# -- executors: run fn(*args) for each call, yield (index, value, error) as each completes ----------
-Completed = Iterator[tuple[int, Any, BaseException | None]]
+# -- executors: run fn(*args) for each (key, args) pulled, yield (key, value, error) as each completes --
+# Calls are pulled lazily, one per free worker, so that a runner claims a run (benchmarks.claims) only
+# when a worker can start it and several runners split a sweep instead of each claiming all of it.
+Calls = Iterable[tuple[Hashable, tuple]]
+Completed = Iterator[tuple[Hashable, Any, BaseException | None]]
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died (killed, out of memory, crashed interpreter) while running a call."""
 
 
 @dataclass
 class LocalExecutor:
-    """This process (``jobs <= 1``) or a pool of ``jobs`` spawned processes on this machine."""
+    """This process (``jobs <= 1``) or a pool of ``jobs`` spawned processes on this machine.
+
+    Workers run :func:`benchmarks.lifecycle.worker_init`: they ignore Ctrl-C and die with the
+    parent. When a worker dies, the pool breaks and every call in flight fails with it: the pool is
+    rebuilt, and the calls of that break are retried one at a time (alone, so that a second death
+    names its call); a call whose worker died ``max_deaths`` times is yielded with a
+    :class:`WorkerDied` error and the sweep goes on. On an exception in the consumer (Ctrl-C,
+    SIGTERM) queued calls are dropped and the workers killed."""
 
     jobs: int = 1
     threads: int | None = None
-    """Torch threads per worker; None: default_threads(jobs) in a pool, torch's default in process."""
+    """Torch threads of each run; None: DEFAULT_THREADS."""
+    max_deaths: int = 2
     remote = False  # workers share this machine's files (MLflow store, suites)
 
     def __post_init__(self):
-        if self.threads is not None and self.threads < 1:
-            raise ExecutorError(f"--threads must be >= 1, got {self.threads}")
-        if self.jobs > 1 and not self.threads:
-            self.threads = default_threads(self.jobs)
+        self.threads = check_threads(self.threads)
 
     @property
     def in_process(self) -> bool:
@@ -162,19 +246,86 @@ class LocalExecutor:
 
     def describe(self) -> str:
         if self.in_process:
-            return f"in this process, {self.threads or torch.get_num_threads()} torch threads"
-        return f"{self.jobs} worker processes x {self.threads} torch threads"
+            return f"in this process, {self.threads} torch thread(s)"
+        return f"{self.jobs} worker processes x {self.threads} torch thread(s)"
 
-    def map(self, fn: Callable, calls: list[tuple]) -> Completed:
+    def map(self, fn: Callable, calls: Calls) -> Completed:
         if self.in_process:
-            for index, args in enumerate(calls):
-                yield index, fn(*args), None
+            for key, args in calls:
+                yield key, fn(*args), None
             return
-        with ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(fn, *args): index for index, args in enumerate(calls)}
-            for future in as_completed(futures):
-                error = future.exception()  # e.g. BrokenProcessPool: a worker process died
-                yield futures[future], None if error else future.result(), error
+        yield from _PoolRun(self, fn, iter(calls)).completed()
+
+
+class _PoolRun:
+    """One ``LocalExecutor.map`` over a process pool, rebuilt when a worker dies."""
+
+    def __init__(self, executor: LocalExecutor, fn: Callable, calls: Iterator):
+        self.executor, self.fn, self.calls = executor, fn, calls
+        self.deaths: dict[Hashable, int] = {}
+        self.suspects: list[tuple[Hashable, tuple]] = []  # in flight when a worker died: retried alone
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(max_workers=self.executor.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=worker_init, initargs=(os.getpid(),))
+
+    def _next(self, in_flight: dict) -> tuple[Hashable, tuple] | None:
+        """The next call to submit: a suspect only into an empty pool, and then nothing beside it."""
+        if any(key in self.deaths for key, _ in in_flight.values()):
+            return None
+        if self.suspects:
+            return self.suspects.pop(0) if not in_flight else None
+        return next(self.calls, None)
+
+    def completed(self) -> Completed:
+        in_flight: dict = {}  # future -> (key, args)
+        try:
+            while True:
+                while len(in_flight) < self.executor.jobs:
+                    call = self._next(in_flight)
+                    if call is None:
+                        break
+                    in_flight[self.pool.submit(self.fn, *call[1])] = call
+                if not in_flight:
+                    return
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                broken = []
+                for future in done:
+                    key, args = in_flight.pop(future)
+                    error = future.exception()
+                    if isinstance(error, BrokenProcessPool):
+                        broken.append((key, args))
+                    else:
+                        yield key, None if error else future.result(), error
+                if broken:
+                    yield from self._after_break(broken + list(in_flight.values()))
+                    in_flight = {}
+        finally:
+            self._kill()
+
+    def _after_break(self, lost: list[tuple[Hashable, tuple]]) -> Completed:
+        """A worker died: rebuild the pool; fail the calls that died too often, retry the others."""
+        self._kill()
+        self.pool = self._new_pool()
+        for key, args in lost:
+            self.deaths[key] = self.deaths.get(key, 0) + 1
+            if self.deaths[key] >= self.executor.max_deaths:
+                yield key, None, WorkerDied(
+                    f"the worker process died {self.deaths[key]} time(s) while running this run (killed, "
+                    f"out of memory or crashed; the last time it ran alone); the next sweep runs it again")
+            else:
+                self.suspects.append((key, args))
+
+    def _kill(self) -> None:
+        """Drop queued calls and kill the workers now (they hold no store and no claim)."""
+        processes = list((getattr(self.pool, "_processes", None) or {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join(timeout=5)
 
 
 class WorkerLost(RuntimeError):
@@ -196,7 +347,7 @@ class RayExecutor:
 
     jobs: int = 1
     threads: int | None = None
-    """CPUs each task reserves and torch threads it runs; None: 1 on a cluster, else default_threads(jobs)."""
+    """CPUs each task reserves and torch threads it runs; None: DEFAULT_THREADS."""
     address: str | None = None
     gpus_per_run: float | None = None
     """GPU fraction each task reserves (0.25: four per GPU); None: 0 with device cpu or no GPU, else 1."""
@@ -207,9 +358,7 @@ class RayExecutor:
 
     def __post_init__(self):
         import_ray()  # fail before anything runs
-        if self.threads is not None and self.threads < 1:
-            raise ExecutorError(f"--threads must be >= 1, got {self.threads}")
-        self.threads = self.threads or (1 if self.address else default_threads(self.jobs))
+        self.threads = check_threads(self.threads)
         gpus = self.gpus_per_run
         if gpus is not None and (gpus < 0 or (gpus > 1 and gpus != int(gpus))):
             raise ExecutorError(f"--gpus-per-run must be a fraction in [0, 1] or a whole number, got {gpus}")
@@ -246,23 +395,38 @@ class RayExecutor:
         try:
             task = ray.remote(fn).options(num_cpus=self.threads, num_gpus=self._gpus(ray),
                                           max_retries=self.max_retries)
-            pending = {task.remote(*args): index for index, args in enumerate(calls)}
-            while pending:
-                (ref,), _ = ray.wait(list(pending), num_returns=1)
-                index = pending.pop(ref)
-                try:
-                    value, error = ray.get(ref), None
-                except ray.exceptions.RayTaskError as err:  # fn raised: its own exception
-                    value, error = None, err.as_instanceof_cause()
-                except ray.exceptions.RayError as err:  # worker crashed, killed (OOM), node lost
-                    first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                    value, error = None, WorkerLost(f"Ray worker lost on each of {1 + self.max_retries} "
-                                                    f"attempt(s) (--max-retries {self.max_retries}): "
-                                                    f"{type(err).__name__}: {first}")
-                yield index, value, error
+            calls, pending = iter(calls), {}
+            cap = self._in_flight(ray)
+            try:
+                while True:
+                    while len(pending) < cap and (call := next(calls, None)) is not None:
+                        pending[task.remote(*call[1])] = call[0]
+                    if not pending:
+                        return
+                    (ref,), _ = ray.wait(list(pending), num_returns=1)
+                    key = pending.pop(ref)
+                    try:
+                        value, error = ray.get(ref), None
+                    except ray.exceptions.RayTaskError as err:  # fn raised: its own exception
+                        value, error = None, err.as_instanceof_cause()
+                    except ray.exceptions.RayError as err:  # worker crashed, killed (OOM), node lost
+                        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                        value, error = None, WorkerLost(f"Ray worker lost on each of {1 + self.max_retries} "
+                                                        f"attempt(s) (--max-retries {self.max_retries}): "
+                                                        f"{type(err).__name__}: {first}")
+                    yield key, value, error
+            finally:
+                for ref in pending:  # interrupted: stop what still runs for us
+                    ray.cancel(ref, force=True)
         finally:
             if started_here:
                 ray.shutdown()
+
+    def _in_flight(self, ray) -> int:
+        """Tasks submitted at once: --jobs, or on a cluster as many as its CPUs hold (at least
+        --jobs); the rest are pulled (and claimed) as tasks complete."""
+        cpus = int(ray.cluster_resources().get("CPU", 0)) // max(1, self.threads)
+        return max(1, self.jobs, cpus if self.address else 0)
 
 
 # -- the sweep ----------------------------------------------------------------------------------------
@@ -271,34 +435,82 @@ def pending_runs(specs: list[RunSpec], tracker: Tracker) -> tuple[list[RunSpec],
     return [s for s in specs if s.config_hash not in done], done
 
 
+def unique(specs: list[RunSpec]) -> list[RunSpec]:
+    """The specs with distinct config hashes, in order: a configuration listed twice in a suite
+    (a duplicate axis value, ``seeds: [0, 0]``) is one run."""
+    return list({spec.config_hash: spec for spec in reversed(specs)}.values())[::-1]
+
+
+class SweepInterrupted(Interrupted):
+    """A sweep stopped by a signal, after its claimed runs were marked KILLED."""
+
+    def __init__(self, signal_name: str, finished: int, failed: int, killed: int):
+        super().__init__(signal_name)
+        self.finished, self.failed, self.killed = finished, failed, killed
+
+    def __str__(self) -> str:
+        return (f"interrupted by {self.signal_name}: {self.finished} run(s) finished and {self.failed} failed "
+                f"before it; {self.killed} run(s) in progress marked KILLED, queued runs not started; "
+                f"run the same command again to resume")
+
+
 def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 1,
               device: str = "auto", data_dir: str | None = None, echo=print,
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
-              lockstep_seeds: bool = False, command: str | None = None) -> SweepSummary:
+              lockstep_seeds: bool = False, lease_s: float = LEASE_S,
+              checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
+              deterministic: bool = False, command: str | None = None) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
     of this call's parent run (``command``, default this process's command line, is the source of
-    both; :meth:`benchmarks.tracking.Tracker.start_sweep`). ``executor`` defaults to
-    ``LocalExecutor(jobs)``. ``execution`` is how a run computes (``auto``/``sequential``/``batched``,
-    never part of the config hash); ``lockstep_seeds`` runs the pending seeds of each cell as one
-    lockstep group (one unit of work for the executor)."""
+    both; :meth:`benchmarks.tracking.Tracker.start_sweep`).
+    ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
+    (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
+    the pending seeds of each cell as one lockstep group (one unit of work for the executor).
+
+    Each run is claimed (:mod:`benchmarks.claims`, lease ``lease_s``) just before a worker starts
+    it, so concurrent sweeps of the same suite on the same store split the runs; RUNNING runs of
+    dead runners are marked KILLED first and recomputed. SIGINT/SIGTERM raise
+    :class:`SweepInterrupted` after the workers are killed and the claimed runs marked KILLED.
+    ``checkpoint_every`` N > 0 saves each run's state every N rounds under ``checkpoint_dir``
+    (default :func:`default_checkpoint_dir`), keyed by config hash; a run that finds its
+    checkpoint resumes from it (tag ``resumed_from_round``)."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
-    todo, _ = pending_runs(specs, tracker)
+    if checkpoint_every < 0:
+        raise ExecutorError(f"--checkpoint-every must be >= 0 rounds, got {checkpoint_every}")
+    plan = CheckpointPlan(str(Path(checkpoint_dir or default_checkpoint_dir(tracker.uri)).resolve()),
+                          checkpoint_every) if checkpoint_every else None
+    distinct = unique(specs)
+    if len(distinct) < len(specs):
+        echo(f"{suite.key}: {len(specs) - len(distinct)} duplicate run(s) (same config hash as another) run once")
+    claims = ClaimBook(tracker, suite.key, lease_s)
+    reaped = claims.reap_stale()
+    if reaped:
+        echo(f"{suite.key}: {len(reaped)} run(s) left RUNNING by a runner that died marked KILLED; recomputing them")
+    todo, _ = pending_runs(distinct, tracker)
     skipped = len(specs) - len(todo)
     if skipped:
-        echo(f"{suite.key}: {skipped} of {len(specs)} runs already FINISHED, skipping them")
+        echo(f"{suite.key}: {skipped} of {len(specs)} runs already FINISHED or duplicated, skipping them")
     if todo:
         echo(f"{suite.key}: {len(todo)} run(s), {executor.describe()}, device {device}")
     git = git_state()
     meta = {"paper": suite.paper, "table": suite.raw.get("table", "")}
     command = command or command_line()
     parent = tracker.start_sweep(suite, specs[0].profile if specs else "", command, git)
-    finished = failed = 0
+    claims.own_sweep(parent)
+    finished = failed = elsewhere = 0
+    held: dict[str, str] = {}  # config hash -> run id of our claim
+    shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
+    by_hash = {spec.config_hash: spec for spec in todo}
     bar = tqdm(total=len(todo), desc=f"{suite.key} runs", unit="run")
 
     def record(spec: RunSpec, outcome: dict) -> None:
         nonlocal finished, failed
-        tracker.log(spec, meta, outcome, git, parent=parent, command=command)
+        run_id = held.pop(spec.config_hash)
+        tracker.log(spec, meta, outcome, git, run_id=run_id, parent=parent, command=command)
+        claims.done(run_id)
+        if plan is not None:
+            plan.discard(spec)
         if "error" in outcome:
             failed += 1
             bar.write(f"FAILED {spec.cell_id} seed={spec.seed}: {outcome['error']}")
@@ -306,22 +518,56 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
             finished += 1
         bar.update(1)
 
+    def claimed_calls():
+        """The units of work, each claimed when a worker is free for it (runs another runner
+        holds or finished are left to it)."""
+        nonlocal elsewhere
+        for group in group_specs(todo, lockstep_seeds):
+            won = []
+            for spec in group:
+                with shield():
+                    run_id = claims.claim(spec.config_hash, tracker.run_tags(spec, meta, {}, git, parent, command))
+                if run_id is None:
+                    elsewhere += 1
+                    bar.update(1)
+                else:
+                    held[spec.config_hash] = run_id
+                    won.append(spec)
+            if won:
+                yield (tuple(s.config_hash for s in won),
+                       (won, device, data_dir, executor.threads, executor.in_process, execution, plan,
+                        deterministic))
+
     submitted = time.time()
     interrupted = None
-    groups = group_specs(todo, lockstep_seeds)
-    calls = [(group, device, data_dir, executor.threads, executor.in_process, execution) for group in groups]
+    results = executor.map(execute_specs, claimed_calls())
     try:
-        for index, outcomes, error in executor.map(execute_specs, calls) if calls else ():
-            if error is not None:
-                lost = {"started": submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
-                outcomes = [lost] * len(groups[index])
-            for spec, outcome in zip(groups[index], outcomes):
-                record(spec, outcome)
+        with signals_interrupt() as guard:
+            shield = guard.shielded
+            for key, outcomes, error in results:
+                group = [by_hash[h] for h in key]
+                if error is not None:
+                    lost = {"started": submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
+                    outcomes = [lost] * len(group)
+                for spec, outcome in zip(group, outcomes):
+                    with shield():
+                        record(spec, outcome)
+    except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP (benchmarks.lifecycle)
+        interrupted = err
+        results.close()  # kills the workers, drops the queue
+        name = getattr(err, "signal_name", "SIGINT")
+        killed = claims.release_all(f"interrupted by {name} before it finished; the next sweep recomputes it")
+        raise SweepInterrupted(name, finished, failed, killed) from None
     except BaseException as err:
         interrupted = err
         raise
     finally:
+        results.close()
+        claims.close()
         bar.close()
         counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed}
         tracker.end_sweep(parent, counts, interrupted)
-    return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, parent)
+    if elsewhere:
+        echo(f"{suite.key}: {elsewhere} run(s) claimed or finished by another runner, left to it")
+    return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, elsewhere=elsewhere,
+                        parent_run_id=parent)

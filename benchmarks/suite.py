@@ -5,8 +5,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
 * ``metric``: which run metric is tabulated and how the paper averaged it
   (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``), and how the report
-  computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round,
-  ``curve_metric``, ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
+  computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round|
+  max_over_rounds, ``also``: further aggregates shown as extra columns, ``curve_metric``,
+  ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
   :mod:`benchmarks.reporting.metric`).
 * ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
@@ -21,6 +22,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
+* ``code_reference``: per cell, the per-seed values a re-run of the authors' released code gave,
+  each naming a source whose provenance (repository, commit, local edits, rounds, data, machine,
+  date) is data beside it (schema and checks in :mod:`benchmarks.code_reference`).
 * ``tuned``: which methods run with the values ``pflbench tune`` found instead of the paper's:
   ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yml, profile: <profile>}`` (or just the
   list of methods). ``file`` (default ``<suite stem>.tuned.yml`` beside the suite; ``.yml`` so that
@@ -34,8 +38,11 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 
 A run's configuration is built as base <- cell values <- method overrides <- conditional
 overrides <- profile overrides (``set``, then its ``methods``, then its ``overrides``).
-Every expanded run is validated (dataset, model, method, partitioner, protocol, every key) when
-the suite is loaded, so a bad suite fails before anything runs, with the file and key named.
+Every expanded run is validated (dataset, model, method, partitioner, protocol, every key, and
+every value against the type and range declared on its dataclass field or function parameter, see
+:class:`pfl_core.config.Range`) when the suite is loaded, as are the suite's own keys (seeds, grid,
+metric, published numbers), so a bad suite fails before anything runs, in one line naming the file,
+the suite entry that set the value and the fix.
 """
 from __future__ import annotations
 
@@ -43,16 +50,19 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from benchmarks.code_reference import Checks, parse_code_reference
 from pfl_core.algorithms import METHODS
-from pfl_core.config import ConfigError, RunConfig, section_keys
-from pfl_core.data import DATASETS, partitioner_params
-from pfl_core.evaluation import PROTOCOLS, EvalConfig
+from pfl_core.config import ConfigError, RunConfig, check_call_values, section_keys
+from pfl_core.data import DATASETS, PARTITIONERS
+from pfl_core.data.datasets import loader_params
+from pfl_core.evaluation import PROTOCOLS, SUMMARY_KEYS, EvalConfig
 from pfl_core.models import MODELS
 from pfl_core.registry import UnknownNameError
 
@@ -60,10 +70,10 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published", "tuned"}
+            "overrides", "seeds", "profiles", "published", "tuned", "code_reference"}
 OVERRIDE_KEYS = {"when", "set"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
-METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "curve_metric",
+METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
                "select_metric", "tolerance", "figure", "x_axis"}
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
@@ -139,7 +149,7 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _set_dotted(config: dict, key: str, value: Any, where: str) -> None:
+def _set_dotted(config: dict, key: str, value: Any, where: str, origins: dict | None = None) -> None:
     head = key.split(".")
     known_prefix = next((p for p in FREE_FORM if key.startswith(p + ".")), None)
     if key not in SCHEMA_KEYS and known_prefix is None:
@@ -150,15 +160,38 @@ def _set_dotted(config: dict, key: str, value: Any, where: str) -> None:
         if not isinstance(node, dict):
             raise SuiteError(f"{where}: {key!r} goes through a non-mapping value")
     node[head[-1]] = copy.deepcopy(value)
+    if origins is not None:
+        origins[key] = where
 
 
-def _apply(config: dict, overrides: dict | None, where: str) -> None:
+def _apply(config: dict, overrides: dict | None, where: str, origins: dict | None = None) -> None:
+    """Set the dotted keys of ``overrides`` in ``config``; ``origins`` (dotted key -> suite entry)
+    records where each value came from, for error messages."""
     if overrides is None:
         return
     if not isinstance(overrides, dict):
         raise SuiteError(f"{where}: expected a mapping of dotted keys to values")
     for key, value in overrides.items():
-        _set_dotted(config, str(key), value, f"{where}.{key}")
+        _set_dotted(config, str(key), value, f"{where}.{key}", origins)
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted path -> value of every leaf of nested mappings (lists are leaves)."""
+    if not isinstance(value, dict) or not value:
+        return {prefix: value} if prefix else {}
+    out = {}
+    for key, sub in value.items():
+        out.update(_leaves(sub, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _origin(origins: dict[str, str], key: str | None) -> str | None:
+    """The suite entry that set dotted ``key`` (or the nearest enclosing key that was set)."""
+    while key:
+        if key in origins:
+            return origins[key]
+        key = key.rpartition(".")[0]
+    return None
 
 
 def _check_keys(mapping: Any, allowed: set[str], where: str, required: set[str] = frozenset()) -> None:
@@ -184,6 +217,8 @@ class Suite:
     path: Path
     raw: dict
     axes: list[Axis] = field(default_factory=list)
+    code_references: dict = field(default_factory=dict)
+    """cell id -> :class:`benchmarks.code_reference.CodeReference` (the ``code_reference`` key)."""
 
     @property
     def paper(self) -> str:
@@ -227,29 +262,41 @@ class Suite:
         for axis in only:
             if axis not in axis_names:
                 raise SuiteError(f"{self.path}: --only names axis {axis!r}; axes: {axis_names}")
-        specs = []
+        specs, hashes = [], {}
         for combo in itertools.product(*(range(len(a.labels)) for a in self.axes)):
             cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
             if any(cell[axis] not in allowed for axis, allowed in only.items()):
                 continue
             config = copy.deepcopy(self.raw["base"])
+            origins = {key: f"{self.path}: base.{key}" for key in _leaves(config)}
             for a, i in zip(self.axes, combo):
-                _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}")
-            method = config.get("method", {}).get("name")
-            _apply(config, (self.raw.get("methods") or {}).get(method), f"{self.path}: methods.{method}")
-            self._apply_overrides(config, cell, self.raw.get("overrides"), "overrides")
-            _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set")
-            _apply(config, (prof.get("methods") or {}).get(method), f"{self.path}: profiles.{profile}.methods.{method}")
-            self._apply_overrides(config, cell, prof.get("overrides"), f"profiles.{profile}.overrides")
+                _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}", origins)
+            method = (config.get("method") or {}).get("name")
+            method = method if isinstance(method, str) else None  # a bad name fails in validate_config
+            _apply(config, (self.raw.get("methods") or {}).get(method), f"{self.path}: methods.{method}", origins)
+            self._apply_overrides(config, cell, self.raw.get("overrides"), "overrides", origins)
+            _apply(config, prof.get("set"), f"{self.path}: profiles.{profile}.set", origins)
+            _apply(config, (prof.get("methods") or {}).get(method),
+                   f"{self.path}: profiles.{profile}.methods.{method}", origins)
+            self._apply_overrides(config, cell, prof.get("overrides"), f"profiles.{profile}.overrides", origins)
             tuned = self._tuned_entry(cell, method, profile) if use_tuned else None
             if tuned is not None:
-                _apply(config, tuned["params"], f"{self.tuned_path}: {cell_id(cell)}.{method}")
+                _apply(config, tuned["params"], f"{self.tuned_path}: {cell_id(cell)}.{method}", origins)
+            where = f"{self.path}: cell {cell_id(cell)}, profile {profile}"
+            _check_placeholders(config, where, origins)
             for seed in run_seeds:
                 seeded = _substitute_seed(config, int(seed))
                 seeded["seed"] = int(seed)
-                resolved = validate_config(seeded, f"{self.path}: cell {cell_id(cell)}")
-                specs.append(RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved),
-                                     tuned["provenance"] if tuned is not None else None))
+                resolved = validate_config(seeded, where, origins)
+                spec = RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved),
+                               tuned["provenance"] if tuned is not None else None)
+                twin = hashes.setdefault(spec.config_hash, spec)
+                if twin is not spec and profile == "paper":  # a cut-down profile may merge cells
+                    raise SuiteError(f"{self.path}: cells {twin.cell_id} and {spec.cell_id} (profile {profile}) "
+                                     f"resolve to the same configuration (hash {spec.config_hash}): an axis "
+                                     f"value changes nothing; remove the duplicate value or axis, or make "
+                                     f"its 'set' differ")
+                specs.append(spec)
         return specs
 
     # -- tuned values (``tuned`` key; written by benchmarks.tuning) ---------------------------------
@@ -275,11 +322,12 @@ class Suite:
                       "file": self.tuned_path.name, "params": entry["params"]}
         return {"params": entry["params"], "provenance": provenance}
 
-    def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str) -> None:
+    def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str,
+                         origins: dict | None = None) -> None:
         for i, entry in enumerate(overrides or []):
             if all(cell[axis] in ([str(v) for v in want] if isinstance(want, list) else [str(want)])
                    for axis, want in entry["when"].items()):
-                _apply(config, entry.get("set"), f"{self.path}: {where}[{i}].set")
+                _apply(config, entry.get("set"), f"{self.path}: {where}[{i}].set", origins)
 
     def _profile(self, profile: str) -> dict:
         if profile == "paper":
@@ -347,6 +395,17 @@ def _check_tuned(raw: dict, path: Path) -> None:
 SEED_TOKEN = "${seed}"
 
 
+def _check_placeholders(config: dict, where: str, origins: dict[str, str]) -> None:
+    """Reject a ``"${...}"`` value other than ``"${seed}"`` (a typo such as ``"${sed}"`` would
+    otherwise reach the run as a string)."""
+    for key, value in _leaves(config).items():
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if isinstance(v, str) and v.startswith("${") and v != SEED_TOKEN:
+                raise SuiteError(f"{_origin(origins, key) or where}: unknown placeholder {v!r}; write "
+                                 f"{SEED_TOKEN!r} (the only placeholder: the run seed) or a plain value")
+
+
 def _substitute_seed(value: Any, seed: int) -> Any:
     """Replace every ``"${seed}"`` value by the run seed (e.g. ``data.params.rotation_seed``), so
     per-seed randomness that lives outside the run's streams still follows the seed."""
@@ -357,30 +416,34 @@ def _substitute_seed(value: Any, seed: int) -> Any:
     return seed if value == SEED_TOKEN else value
 
 
-def validate_config(config: dict, where: str) -> dict:
-    """Check every name and key of one run configuration; return its fully resolved dict."""
+def validate_config(config: dict, where: str, origins: dict[str, str] | None = None) -> dict:
+    """Check every name, key and value of one run configuration (types and ranges as declared on
+    the dataclasses and signatures); return its fully resolved dict. An error names the suite entry
+    that set the bad value when ``origins`` (dotted key -> entry) knows it, else ``where``."""
     try:
         cfg = RunConfig.from_dict(config)
         DATASETS.get(cfg.data.dataset)
+        check_call_values(loader_params(cfg.data.dataset), cfg.data.params, "data.params.",
+                          f"dataset {cfg.data.dataset!r}")
         MODELS.get(cfg.model.name)
         method = METHODS.get(cfg.method.name)
-        method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ")
+        method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",
+                                     path="method.params.")
         for i, step in enumerate(cfg.model.warm_start):
             if not isinstance(step, dict) or "name" not in step or set(step) - {"name", "params"}:
                 raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
             METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
                                                             where=f"model.warm_start[{i}]: ")
         PROTOCOLS.get(cfg.evaluation.protocol)
-        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ")
+        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
         partition = dict(cfg.data.partition)
         if "name" not in partition:
-            raise ConfigError("data.partition needs a 'name'")
-        allowed = partitioner_params(partition.pop("name"))
-        unknown = sorted(set(partition) - set(allowed))
-        if unknown:
-            raise ConfigError(f"data.partition: unknown parameter(s) {unknown}; allowed: {sorted(allowed)}")
+            raise ConfigError("data.partition needs a 'name'", "data.partition")
+        name = partition.pop("name")
+        check_call_values(PARTITIONERS.get(name), partition, "data.partition.", f"partitioner {name!r}")
     except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
-        raise SuiteError(f"{where}: {err}") from None
+        origin = _origin(origins or {}, getattr(err, "key", None))
+        raise SuiteError(f"{origin} ({where.split(': ', 1)[-1]}): {err}" if origin else f"{where}: {err}") from None
     return cfg.to_dict()
 
 
@@ -398,10 +461,14 @@ def _parse_axis(raw: Any, where: str) -> Axis:
         else:
             if "key" not in raw:
                 raise SuiteError(f"{where}: scalar values need the axis 'key' (a dotted config key)")
+            if not isinstance(value, (str, int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+                raise SuiteError(f"{where}.values[{i}]: {value!r} is not a scalar; write a number or a name, or "
+                                 f"{{label: <name>, set: {{{raw['key']}: <value>}}}}")
             labels.append(str(value))
             settings.append({raw["key"]: value})
     if len(set(labels)) != len(labels):
-        raise SuiteError(f"{where}: duplicate labels {labels}")
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        raise SuiteError(f"{where}.values: duplicate label(s) {twice} in {labels}; list each value once")
     return Axis(str(raw["name"]), labels, settings)
 
 
@@ -420,6 +487,59 @@ def _check_overrides(section: Any, axis_labels: dict[str, list[str]], where: str
                                      f"labels: {axis_labels[axis]}")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_seeds(seeds: Any, where: str) -> None:
+    """Seeds: a non-empty list of distinct non-negative integers (``seeds: 1`` or ``"42"`` is not)."""
+    if not isinstance(seeds, list) or not seeds:
+        raise SuiteError(f"{where}: expected a non-empty list of integers, e.g. [0, 1, 2], got {seeds!r}")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise SuiteError(f"{where}: {seed!r} is not a non-negative integer; write e.g. [0, 1, 2]")
+    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
+    if duplicates:
+        raise SuiteError(f"{where}: seed(s) {duplicates} listed twice; list each seed once")
+
+
+#: the run metrics a suite's ``metric`` may name, as logged by :mod:`benchmarks.tracking`
+FINAL_METRICS = (*SUMMARY_KEYS, "train_loss", "wall_s")
+HISTORY_METRICS = tuple(f"round/{k}" for k in (*SUMMARY_KEYS, "train_loss"))
+CURVE_METRICS = ("curve/acc", "curve/acc_weighted")
+
+
+def _check_metric(metric: Any, path: Path) -> None:
+    _check_keys(metric, METRIC_KEYS, f"{path}: metric", {"key"})
+    if metric.get("pm", "std") not in ("std", "sem", "none"):
+        raise SuiteError(f"{path}: metric.pm must be std, sem or none, got {metric['pm']!r}")
+    history = metric.get("aggregate") == "best_val_round"
+    allowed = HISTORY_METRICS if history else FINAL_METRICS
+    if metric["key"] not in allowed:
+        raise SuiteError(f"{path}: metric.key: {metric['key']!r} is not a metric that runs log; allowed: "
+                         f"{list(allowed)}")
+    if "curve_metric" in metric and metric["curve_metric"] not in CURVE_METRICS:
+        raise SuiteError(f"{path}: metric.curve_metric: {metric['curve_metric']!r}; allowed: {list(CURVE_METRICS)}")
+    for key in ("scale", "ddof"):
+        if key in metric and not _is_number(metric[key]):
+            raise SuiteError(f"{path}: metric.{key}: expected a number, got {metric[key]!r}")
+
+
+def _check_published_numbers(entry: dict, where: str) -> None:
+    """The paper's numbers are numbers: ``mean`` (and ``pm`` when given) finite, ``runs`` >= 1."""
+    for key in ("mean", "pm"):
+        if key in entry and entry[key] is not None and not _is_number(entry[key]):
+            raise SuiteError(f"{where}.{key}: expected a number, got {entry[key]!r}; write the paper's value "
+                             f"without units or '%' (e.g. 81.2)")
+    if entry.get("pm") is not None and entry["pm"] < 0:
+        raise SuiteError(f"{where}.pm: a spread cannot be negative, got {entry['pm']!r}")
+    runs = entry.get("runs")
+    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
+        raise SuiteError(f"{where}.runs: expected a positive integer, got {runs!r}")
+    if entry.get("pm_kind") not in (None, "std", "sem", "none"):
+        raise SuiteError(f"{where}.pm_kind: expected std, sem or none, got {entry['pm_kind']!r}")
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file; every run of every profile is checked before returning."""
     path = Path(path)
@@ -430,12 +550,20 @@ def load_suite(path: str | Path) -> Suite:
     except yaml.YAMLError as err:
         raise SuiteError(f"{path}: not valid YAML: {err}") from None
     _check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
-    _check_keys(raw["metric"], METRIC_KEYS, f"{path}: metric", {"key"})
-    if raw["metric"].get("pm", "std") not in ("std", "sem", "none"):
-        raise SuiteError(f"{path}: metric.pm must be std, sem or none")
-    if not isinstance(raw["grid"], list):
-        raise SuiteError(f"{path}: grid must be a list of axes")
+    _check_metric(raw["metric"], path)
+    _check_seeds(raw["seeds"], f"{path}: seeds")
+    for name, prof in (raw.get("profiles") or {}).items():
+        if isinstance(prof, dict) and "seeds" in prof:
+            _check_seeds(prof["seeds"], f"{path}: profiles.{name}.seeds")
+    if not isinstance(raw["grid"], list) or not raw["grid"]:
+        raise SuiteError(f"{path}: grid: expected a non-empty list of axes, e.g. "
+                         f"[{{name: method, key: method.name, values: [fedavg, local]}}]")
     axes = [_parse_axis(a, f"{path}: grid[{i}]") for i, a in enumerate(raw["grid"])]
+    names = [a.name for a in axes]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SuiteError(f"{path}: grid[{i}].name: axis {name!r} appears twice; give each axis its own "
+                             f"name and merge the values of a repeated one")
     axis_labels = {a.name: a.labels for a in axes}
     override_sections = [("overrides", raw.get("overrides"))]
     for name, prof in (raw.get("profiles") or {}).items():
@@ -454,16 +582,28 @@ def load_suite(path: str | Path) -> Suite:
     suite = Suite(path, raw, axes)
     cells = suite.cells()
     axis_names = [a.name for a in axes]
+    if not isinstance(raw.get("published") or [], list):
+        raise SuiteError(f"{path}: published: expected a list of {{cell: ..., mean: ...}}")
     for i, entry in enumerate(suite.published):
         _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
-        _check_keys(entry["cell"], set(axis_names), f"{path}: published[{i}].cell", set(axis_names))
-        # axis order and string labels, whatever the YAML wrote
-        entry["cell"] = {name: str(entry["cell"][name]) for name in axis_names}
-        if entry["cell"] not in cells:
-            raise SuiteError(f"{path}: published[{i}].cell {entry['cell']} is not a cell of the grid")
+        _check_published_numbers(entry, f"{path}: published[{i}]")
+        entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{path}: published[{i}].cell")
+    checks = Checks(_check_keys, lambda cell, where: check_cell(cell, axis_names, cells, where), SuiteError)
+    suite.code_references = {cell_id(ref.cell): ref for ref in
+                             parse_code_reference(raw.get("code_reference"), f"{path}: code_reference", checks)}
     for profile in suite.profiles:
         suite.expand(profile)
     return suite
+
+
+def check_cell(cell: Any, axis_names: list[str], cells: list[dict[str, str]], where: str) -> dict[str, str]:
+    """A cell named in the suite file (``published``, ``code_reference``): every axis, a cell of the
+    grid; returned in axis order with string labels, whatever the YAML wrote."""
+    _check_keys(cell, set(axis_names), where, set(axis_names))
+    cell = {name: str(cell[name]) for name in axis_names}
+    if cell not in cells:
+        raise SuiteError(f"{where}: {cell} is not a cell of the grid")
+    return cell
 
 
 def parse_only(items: list[str] | None) -> dict[str, list[str]]:

@@ -1,11 +1,14 @@
 """MLflow tracking: one experiment per suite, one run per (cell, seed, profile).
 
-The default store is SQLite under ``results/``; ``--tracking-uri`` or ``MLFLOW_TRACKING_URI``
-point elsewhere (a shared tracking server). All writes go through :class:`Tracker` in the parent
+The default store is SQLite in :func:`benchmarks.stores.results_dir` (the checkout's ``results/``
+or ``$PFLBENCH_RESULTS_DIR``, whatever the current directory); ``--tracking-uri`` or
+``MLFLOW_TRACKING_URI`` point elsewhere (a shared tracking server, checked to answer first; its
+password is kept out of everything printed, see :mod:`benchmarks.stores`). All writes go through :class:`Tracker` in the parent
 process, so worker processes never contend for the store.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shlex
@@ -19,19 +22,21 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from benchmarks import mlflow_ui as ui
+from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
 from benchmarks.suite import RunSpec, Suite
 
-RESULTS_DIR = Path("results")
 METRIC_BATCH = 1000
 PARAM_VALUE_LIMIT = 6000
+STORE_RETRIES = 12
 
 
-def default_tracking_uri(results_dir: Path = RESULTS_DIR) -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<abs>/results/mlflow.db``."""
+def default_tracking_uri(folder: Path | None = None) -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else ``sqlite:///<results dir>/mlflow.db``."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    results_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{results_dir.resolve() / 'mlflow.db'}"
+    folder = folder or results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
 
 
 def default_artifact_root(uri: str) -> Path:
@@ -40,7 +45,7 @@ def default_artifact_root(uri: str) -> Path:
     when the experiment is created here (a tracking server has its own artifact root)."""
     if uri.startswith("sqlite:///"):
         return Path(uri[len("sqlite:///"):]).parent / "mlartifacts"
-    return RESULTS_DIR / "mlartifacts"
+    return results_dir() / "mlartifacts"
 
 
 def git_state() -> tuple[str, bool]:
@@ -73,17 +78,62 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join([Path(argv[0]).name, *argv[1:]]) if argv else ""
 
 
+def retrying(action, what: str):
+    """``action()``, retried with a growing pause when it raises: several runners starting on one
+    store race to create its tables and experiments; the loser retries instead of crashing."""
+    for attempt in range(STORE_RETRIES):
+        try:
+            return action()
+        except Exception:  # noqa: BLE001 - another runner creating the tables or the experiment
+            if attempt == STORE_RETRIES - 1:
+                raise
+            time.sleep(min(2.0, 0.2 * (attempt + 1)))
+    raise AssertionError(what)  # unreachable
+
+
+def open_client(uri: str) -> MlflowClient:
+    """An MLflow client of ``uri``. A SQLite store is created (its tables migrated) under an
+    exclusive file lock beside the database, so two runners on a fresh store do not both migrate it."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with open(db.parent / f".{db.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                return retrying(lambda: MlflowClient(tracking_uri=uri), "open the store")
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+    return retrying(lambda: MlflowClient(tracking_uri=uri), "open the store")
+
+
 class Tracker:
     """Reads and writes the runs of one suite's experiment."""
 
     def __init__(self, tracking_uri: str | None = None, artifact_root: Path | None = None):
-        self.uri = tracking_uri or default_tracking_uri()
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.uri = use_credentials(tracking_uri or default_tracking_uri())  # no password inside
+        check_reachable(self.uri)  # seconds, not MLflow's minutes of retries
+        self.client = open_client(self.uri)
         self.artifact_root = artifact_root or default_artifact_root(self.uri)
+        self._experiments: dict[str, str] = {}
+
+    @property
+    def public_uri(self) -> str:
+        """The store's address for messages, any password masked."""
+        return mask_uri(self.uri)
 
     def experiment_id(self, suite_key: str, create: bool = True) -> str | None:
-        """The id of experiment ``suite_key`` (created if ``create``), tagged as a model-training
-        experiment (``mlflow.experimentKind``, see :mod:`benchmarks.mlflow_ui`) whether new or reused."""
+        """The experiment's id, created if ``create``, tagged as a model-training experiment
+        (``mlflow.experimentKind``, see :mod:`benchmarks.mlflow_ui`) whether new or reused. Several runners may open a fresh store at
+        once: MLflow's table creation or ``create_experiment`` can then fail in one of them, which
+        retries (get-or-create) instead of crashing."""
+        if suite_key not in self._experiments:
+            found = retrying(lambda: self._get_or_create(suite_key, create), "get or create the experiment")
+            if found is None:
+                return None
+            self._experiments[suite_key] = found
+        return self._experiments[suite_key]
+
+    def _get_or_create(self, suite_key: str, create: bool) -> str | None:
         experiment = self.client.get_experiment_by_name(suite_key)
         if experiment is None:
             if not create:
@@ -133,22 +183,25 @@ class Tracker:
     def finished_hashes(self, suite_key: str) -> set[str]:
         return {r.data.tags.get("config_hash") for r in self.runs(suite_key, "FINISHED")}
 
-    def log(self, spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool],
-            parent: str | None = None, command: str | None = None) -> str:
-        """Record one finished or failed run with its params, metrics, tags and artifacts, nested
+    @staticmethod
+    def run_tags(spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool],
+                 parent: str | None = None, command: str | None = None) -> dict[str, str]:
+        """The tags of a run (``outcome`` empty for a claim made before the run computes), nested
         under the sweep's ``parent`` run, with ``command`` as its source."""
-        exp = self.experiment_id(spec.suite)
+        info = outcome.get("info", {})
         tags = {
             "paper": suite_meta["paper"], "table": suite_meta.get("table", ""),
             "suite": spec.suite, "cell": spec.cell_id, "method": spec.method,
             "seed": str(spec.seed), "profile": spec.profile, "config_hash": spec.config_hash,
             "git_commit": git[0], "git_dirty": str(git[1]).lower(),
-            "device": outcome.get("info", {}).get("device", ""),
-            "partition_digest": outcome.get("info", {}).get("partition_digest", ""),
-            "sampling_digest": outcome.get("info", {}).get("sampling_digest", ""),
+            "device": info.get("device", ""),
+            "partition_digest": info.get("partition_digest", ""),
+            "sampling_digest": info.get("sampling_digest", ""),
             # how the run was computed (never part of the config hash): sequential/batched, lockstep group size
-            "execution": outcome.get("info", {}).get("execution", ""),
-            "lockstep_runs": str(outcome.get("info", {}).get("lockstep_runs", "")),
+            "execution": info.get("execution", ""),
+            "lockstep_runs": str(info.get("lockstep_runs", "")),
+            "torch_threads": str(info.get("torch_threads", "")),
+            "deterministic": str(bool(info.get("deterministic", False))).lower(),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             ui.RUN_KIND_TAG: ui.CELL,
             ui.NOTE_TAG: ui.run_description(suite_meta["paper"], suite_meta.get("table", ""), spec.cell_id,
@@ -159,12 +212,25 @@ class Tracker:
         }
         if parent:
             tags[ui.PARENT_TAG] = parent
-        if outcome.get("info", {}).get("dataset_offline"):
+        if info.get("dataset_offline"):
             tags["offline_data"] = "true"
+        if info.get("resumed_from_round"):
+            tags["resumed_from_round"] = str(info["resumed_from_round"])
         if "error" in outcome:
             tags["failure_reason"] = outcome["error"][:5000]
-        run = self.client.create_run(exp, start_time=int(outcome["started"] * 1000), tags=tags)
-        run_id = run.info.run_id
+        return tags
+
+    def log(self, spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, bool],
+            run_id: str | None = None, parent: str | None = None, command: str | None = None) -> str:
+        """Record one finished or failed run with its params, metrics, tags and artifacts: into the
+        RUNNING run ``run_id`` (a claim, :mod:`benchmarks.claims`), else a new run; nested under the
+        sweep's ``parent`` run, with ``command`` as its source."""
+        tags = self.run_tags(spec, suite_meta, outcome, git, parent, command)
+        if run_id is None:
+            exp = self.experiment_id(spec.suite)
+            run_id = self.client.create_run(exp, start_time=int(outcome["started"] * 1000), tags=tags).info.run_id
+        else:
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         params = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in flatten(spec.config).items()]
         self.client.log_batch(run_id, params=params)
         self._log_metrics(run_id, outcome)

@@ -63,9 +63,9 @@ import optuna
 import yaml
 
 from benchmarks.search_spaces import get_space
+from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
 
-RESULTS_DIR = Path("results")
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
 SUMMARY_KEYS = ("acc", "acc_weighted", "acc_last3", "acc_last3_weighted", "acc_step0")
@@ -120,19 +120,16 @@ class StudyResult:
 
 
 # -- storage ----------------------------------------------------------------------------------------
-def default_storage(results_dir: Path = RESULTS_DIR) -> str:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{results_dir.resolve() / 'optuna.db'}"
+def default_storage(folder: Path | None = None) -> str:
+    """``sqlite:///<results dir>/optuna.db`` (:func:`benchmarks.stores.results_dir`)."""
+    folder = folder or results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder.resolve() / 'optuna.db'}"
 
 
 def public_url(url: str) -> str:
     """The storage URL without its password (for provenance, tags and messages)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not an SQLAlchemy URL: keep as is
-        return url
+    return mask_uri(url)
 
 
 def study_name(suite: Suite, cid: str, method: str, profile: str) -> str:
@@ -262,6 +259,9 @@ class Objective:
         from pfl_core.experiment import run_experiment
         from pfl_core.federation import DivergenceError
 
+        from benchmarks.claims import this_owner
+
+        trial.set_user_attr("owner", this_owner())  # a RUNNING trial of a dead owner is failed later
         try:
             configs = self.configs(trial)
         except SuiteError as err:
@@ -326,7 +326,27 @@ FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, op
 
 
 def _finished(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
+    """Finished trials that count against the budget: all but those failed as stale (their worker
+    died; :func:`fail_stale_trials`), which are run again."""
+    return sum(not t.user_attrs.get("stale") for t in study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def fail_stale_trials(study: optuna.Study) -> int:
+    """Mark FAIL every RUNNING trial whose worker process died on this host (user attribute
+    ``owner``, :func:`benchmarks.claims.owner_dead`): kill -9 or Ctrl-C left it RUNNING. They get
+    ``failure_reason`` and ``stale``, do not count against the budget, and are logged to MLflow
+    like any finished trial. Return how many."""
+    from benchmarks.claims import owner_dead, this_owner
+
+    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+             if t.user_attrs.get("owner") and owner_dead(t.user_attrs["owner"])]
+    storage = study._storage
+    for trial in stale:
+        reason = f"stale: left RUNNING by {trial.user_attrs['owner']}, which died; failed by {this_owner()}"
+        storage.set_trial_user_attr(trial._trial_id, "failure_reason", reason)
+        storage.set_trial_user_attr(trial._trial_id, "stale", True)
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    return len(stale)
 
 
 def _load_study(name: str, storage: str, opts: TuneOptions, max_steps: int, offset: int) -> optuna.Study:
@@ -407,11 +427,20 @@ def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name:
 
 
 def log_unlogged_trials(name: str, storage: str, logger: TrialLogger) -> None:
-    """Log every finished trial of the study that has no MLflow run yet (Ray workers write no MLflow)."""
+    """Log every finished trial of the study that has no complete MLflow run yet: Ray workers write
+    no MLflow, and a worker killed between Optuna's record and MLflow's leaves a trial unlogged or
+    its run RUNNING (deleted here and logged again)."""
     from benchmarks.tracking import Tracker
 
-    runs = Tracker(logger.uri).runs(f"{logger.suite_key}/tuning", status=None)
-    logged = {r.data.tags.get("trial") for r in runs if r.data.tags.get("study") == name}
+    tracker = Tracker(logger.uri)
+    logged = set()
+    for run in tracker.runs(f"{logger.suite_key}/tuning", status=None):
+        if run.data.tags.get("study") != name:
+            continue
+        if run.info.status == "RUNNING":
+            tracker.client.delete_run(run.info.run_id)
+        else:
+            logged.add(run.data.tags.get("trial"))
     study = optuna.load_study(study_name=name, storage=storage)
     for trial in study.get_trials(deepcopy=False, states=FINISHED):
         if str(trial.number) not in logged:
@@ -436,6 +465,10 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     if stored is not None and stored != json.loads(json.dumps(describe)):
         raise TuneError(f"study {name!r} in {public_url(storage)} was created with objective {stored}; this "
                         f"call asks for {describe}: pass the same --seeds/validation options, or another --storage")
+    echo = opts.echo or (lambda _msg: None)
+    stale = fail_stale_trials(study)
+    if stale:
+        echo(f"study {name}: {stale} trial(s) left RUNNING by a dead worker marked FAIL; running them again")
     done = _finished(study)
     if stored is None:
         study.set_user_attr("objective", describe)
@@ -450,17 +483,18 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     study.set_user_attr("budget", budget)
     study.set_user_attr("budget_history", history)
     remaining = max(0, opts.trials - done)
-    echo = opts.echo or (lambda _msg: None)
     echo(f"study {name}: {done} finished trial(s), budget {opts.trials}, running {remaining}; "
          f"storage {public_url(storage)}")
-    if remaining:
-        from benchmarks import mlflow_ui as ui
-        from benchmarks.tracking import Tracker
+    from benchmarks import mlflow_ui as ui
+    from benchmarks.tracking import Tracker
 
-        # the MLflow store and experiment exist before any worker logs (no migration race); the
-        # experiment opens as model training with its description and saved view (benchmarks.mlflow_ui)
-        Tracker(opts.tracking_uri).describe_experiment(f"{suite.key}/tuning", ui.tuning_description(suite.key),
-                                                       ui.TUNING_COLUMNS, "value")
+    # the MLflow store and experiment exist before any worker logs (no migration race); the
+    # experiment opens as model training with its description and saved view (benchmarks.mlflow_ui)
+    Tracker(opts.tracking_uri).describe_experiment(f"{suite.key}/tuning", ui.tuning_description(suite.key),
+                                                   ui.TUNING_COLUMNS, "value")
+    # a trial is in MLflow once it is in Optuna: catch up on those a killed call left unlogged
+    log_unlogged_trials(name, storage, TrialLogger(suite, cell, method, opts, storage, describe))
+    if remaining:
         from benchmarks.runner import LocalExecutor
 
         executor = executor or LocalExecutor(opts.jobs)
@@ -474,7 +508,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
             logger = TrialLogger(suite, cell, method, opts, storage, describe) if executor.remote else None
             calls = [(str(suite.path.resolve()), cell, method, worker_opts, name, storage, share,
                       done + 7919 * (k + 1), executor.threads, not executor.remote) for k, share in enumerate(shares)]
-            for _, _, error in executor.map(_optimize, calls):
+            for _, _, error in executor.map(_optimize, enumerate(calls)):
                 if logger:
                     log_unlogged_trials(name, storage, logger)
                 if error is not None:

@@ -5,9 +5,41 @@ dicts, so ``pfl_core`` imports neither YAML nor MLflow. Unknown keys are rejecte
 """
 from __future__ import annotations
 
+import inspect
+import math
 import typing
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import Annotated, Any, Literal
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric constraint declared in a field's annotation, ``Annotated[int, Range(ge=1)]``, and
+    checked by :func:`check_values` when a configuration is built (issue 15, item 4: a bad value
+    fails when the suite is loaded, not hours into a sweep)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def admits(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        bounds = [(">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt)]
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
+
+
+#: the constrained scalar types of config and hyperparameter fields
+PositiveInt = Annotated[int, Range(ge=1)]
+NonNegativeInt = Annotated[int, Range(ge=0)]
+PositiveFloat = Annotated[float, Range(gt=0)]
+NonNegativeFloat = Annotated[float, Range(ge=0)]
+Fraction = Annotated[float, Range(ge=0, lt=1)]
+"""A share of something that must leave a remainder (held-out clients, a split)."""
+Probability = Annotated[float, Range(ge=0, le=1)]
 
 
 @dataclass
@@ -16,26 +48,39 @@ class DataConfig:
     """Registered dataset name (``pflbench list datasets``)."""
     params: dict = field(default_factory=dict)
     """Loader parameters (e.g. Synthetic's alpha and beta)."""
-    split: str = "train"
+    split: Literal["train", "test", "all"] = "train"
     """Which split of the source dataset is partitioned: train, test or all."""
-    normalize: str = "none"
+    normalize: Literal["none", "pixel", "half"] = "none"
     """Input normalisation: ``none`` (the loader's), ``pixel`` (per-pixel standardisation over the
     dataset, pFedMe/CGPFL MNIST) or ``half`` ((x - 0.5) / 0.5 per channel, pFedMe CIFAR-10)."""
-    subsample: int = 0
+    normalize_stats: Literal["auto", "dataset", "train"] = "auto"
+    """The samples ``pixel`` statistics come from. ``dataset``: the whole loaded dataset, held-out
+    and test clients included - the pFedMe/CGPFL code's convention (CGPFL spec, "Preprocessing"),
+    which produced the published numbers. ``train``: the train split of the run's training clients
+    only. ``auto`` (default): ``train`` when ``evaluation.target`` is ``validation`` (a tuning run
+    never sees test data, issue 15 item 6), else ``dataset``. ``dataset`` with the validation
+    target is rejected."""
+    subsample: NonNegativeInt = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""
-    num_clients: int = 100
+    num_clients: PositiveInt = 100
     partition: dict = field(default_factory=lambda: {"name": "iid"})
     """``{name: <partitioner>, <param>: <value>, ...}`` (``pflbench list partitioners``)."""
     client_splits: dict = field(default_factory=lambda: {"test": 0.2})
     """Fractions of each client's samples per named split (floored); ``train`` gets the rest."""
-    unseen_fraction: float = 0.0
+    unseen_fraction: Fraction = 0.0
     """Fraction of clients held out of training for the ``unseen`` protocol (CAFeMe: 0.2)."""
-    validation_fraction: float = 0.0
+    validation_fraction: Fraction = 0.0
     """Fraction of the remaining clients held out of training as validation clients (tuning)."""
     remainder: str = "train"
     """The split that takes what ``client_splits`` leaves (``test`` with ``{train: 0.75}`` floors
     the train part instead)."""
+    redraw_short_clients: bool = False
+    """Redraw the partition while a client's train split holds fewer than
+    ``federation.batch_size`` samples (the CAFeMe authors' de-facto rule: their code crashes on
+    such a client, so their published Dirichlet and FEMNIST numbers come from seeds without one;
+    issue 11 item 2). False (default): keep the partition; such a client trains on one short batch
+    (CAFeMe spec, "Crash hazard"), and ``run_info.json`` lists it."""
 
 
 @dataclass
@@ -58,14 +103,14 @@ class MethodConfig:
 
 @dataclass
 class FederationConfig:
-    rounds: int = 100
-    clients_per_round: int = 5
+    rounds: NonNegativeInt = 100
+    clients_per_round: NonNegativeInt = 5
     """Clients sampled uniformly without replacement per round (0 = all training clients)."""
-    batch_size: int = 32
+    batch_size: PositiveInt = 32
     reshuffle: bool = False
     """Reshuffle a client's batches every epoch (False: shuffle once, fixed order, as CAFeMe)."""
     drop_last: bool = True
-    eval_every: int = 0
+    eval_every: NonNegativeInt = 0
     """Evaluate every this many rounds (0: only after the last round)."""
 
 
@@ -73,7 +118,7 @@ class FederationConfig:
 class EvaluationConfig:
     protocol: str = "seen"
     """``unseen`` (held-out clients, fine-tuning curve) or ``seen`` (personalized predictors)."""
-    target: str = "test"
+    target: Literal["test", "validation"] = "test"
     """``test``: the paper's evaluation. ``validation``: tuning; the unseen protocol evaluates the
     validation clients, the seen protocol the ``val`` split; test clients and splits are never read."""
     params: dict = field(default_factory=dict)
@@ -87,37 +132,93 @@ class RunConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
-    seed: int = 0
+    seed: NonNegativeInt = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
-        return _build(cls, values, "")
+        cfg = _build(cls, values, "")
+        cfg.check_consistency()
+        return cfg
+
+    def pixel_stats_from(self) -> str:
+        """``dataset`` or ``train``: where ``pixel`` statistics come from (``data.normalize_stats``)."""
+        if self.data.normalize_stats == "auto":
+            return "train" if self.evaluation.target == "validation" else "dataset"
+        return self.data.normalize_stats
+
+    def training_clients(self) -> int:
+        """How many clients train: ``num_clients`` minus the unseen, then the validation clients
+        (rounded as :func:`pfl_core.data.splits.split_seen_unseen` rounds them)."""
+        d = self.data
+        seen = d.num_clients - int(round(d.num_clients * d.unseen_fraction))
+        return seen - int(round(seen * d.validation_fraction))
+
+    def check_consistency(self) -> None:
+        """The rules that tie fields together (the per-field ones are in the annotations)."""
+        total = 0.0
+        for name, fraction in self.data.client_splits.items():
+            key = f"data.client_splits.{name}"
+            if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) \
+                    or not math.isfinite(fraction) or not 0 <= fraction < 1:
+                raise ConfigError(f"{key} must be a fraction in [0, 1), got {fraction!r}", key)
+            total += fraction
+        if total >= 1:
+            raise ConfigError(f"data.client_splits: the fractions sum to {total:g}, leaving nothing for "
+                              f"{self.data.remainder!r}; make them sum to less than 1", "data.client_splits")
+        if self.evaluation.target == "validation" and self.data.normalize_stats == "dataset":
+            raise ConfigError("data.normalize_stats: 'dataset' statistics include test clients, which a "
+                              "tuning run (evaluation.target: validation) must not see; use auto or train",
+                              "data.normalize_stats")
+        train = self.training_clients()
+        if train < 1:
+            raise ConfigError(f"data.unseen_fraction / data.validation_fraction leave no training client "
+                              f"of data.num_clients={self.data.num_clients}", "data.unseen_fraction")
+        if self.federation.clients_per_round > train:
+            raise ConfigError(f"federation.clients_per_round must be <= the {train} training clients "
+                              f"(data.num_clients minus unseen and validation clients), or 0 for all; got "
+                              f"{self.federation.clients_per_round}", "federation.clients_per_round")
 
 
 class ConfigError(ValueError):
-    """A configuration key or value is invalid; the message names its path."""
+    """A configuration key or value is invalid; the message names its path (``key``: the dotted
+    path of the offending value, when known, so that a suite can say which of its entries set it)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 _SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
-def check_value_types(cls, values: dict, where: str = "") -> dict:
-    """Reject values whose type does not match a scalar or ``Literal`` field of dataclass ``cls``.
+def _unwrap(hint) -> tuple[Any, list[Range]]:
+    """(base type, its Range constraints) of a possibly ``Annotated`` type hint."""
+    if typing.get_origin(hint) is Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [e for e in extras if isinstance(e, Range)]
+    return hint, []
 
-    YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
-    suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
-    """
-    hints = typing.get_type_hints(cls)
+
+def check_values(hints: dict[str, Any], values: dict, where: str = "",
+                 defaults: dict[str, Any] | None = None, path: str | None = None) -> dict:
+    """Check ``values`` against type ``hints`` (name -> hint): scalar types, ``Literal`` choices,
+    finite numbers and ``Range`` constraints; return them with integers converted for float fields.
+    Errors name ``where + name``, what is expected and the default (the fix); their ``key`` is
+    ``path + name`` (default ``where + name``), the dotted config key."""
     checked = dict(values)
     for name, value in values.items():
-        expected = hints.get(name)
+        expected, ranges = _unwrap(hints.get(name))
+        key = f"{where}{name}"
+        dotted = f"{path if path is not None else where}{name}"
+        default = (defaults or {}).get(name, MISSING)
+        hint = "" if default is MISSING else f" (default: {default!r})"
         if typing.get_origin(expected) is typing.Literal:
             allowed = typing.get_args(expected)
             if value not in allowed:
-                raise ConfigError(f"{where}{name} must be one of {list(allowed)}, got {value!r}")
+                raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}", dotted)
             continue
         if expected not in _SCALARS:
             continue
@@ -125,9 +226,47 @@ def check_value_types(cls, values: dict, where: str = "") -> dict:
         if expected is float and isinstance(value, int) and not isinstance(value, bool):
             checked[name], ok = float(value), True
         if not ok:
-            raise ConfigError(f"{where}{name} must be {_SCALARS[expected]}, got {value!r} "
-                              f"({type(value).__name__})")
+            what = _SCALARS[expected] + "".join(f" {r.describe()}" for r in ranges)
+            raise ConfigError(f"{key} must be {what}, got {value!r} ({type(value).__name__}){hint}", dotted)
+        if expected is float and not math.isfinite(checked[name]):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}{hint}", dotted)
+        for bound in ranges:
+            if not bound.admits(checked[name]):
+                raise ConfigError(f"{key} must be {bound.describe()}, got {value!r}{hint}", dotted)
     return checked
+
+
+def field_defaults(cls) -> dict[str, Any]:
+    """The default of every field of dataclass ``cls`` that has one (for error messages)."""
+    out = {}
+    for f in fields(cls):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def check_value_types(cls, values: dict, where: str = "", path: str | None = None) -> dict:
+    """Reject values that do not fit the fields of dataclass ``cls`` (:func:`check_values`).
+
+    YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
+    suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
+    """
+    return check_values(typing.get_type_hints(cls, include_extras=True), values, where, field_defaults(cls), path)
+
+
+def check_call_values(fn, values: dict, where: str, what: str) -> dict:
+    """:func:`check_values` for the keyword parameters of function ``fn`` (a partitioner, a
+    loader): an unknown name or a bad value raises :class:`ConfigError` keyed ``where + name``."""
+    params = {k: p for k, p in inspect.signature(fn).parameters.items()
+              if p.default is not inspect.Parameter.empty}
+    unknown = sorted(set(values) - set(params))
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}: not a parameter of {what}; allowed: "
+                          f"{sorted(params) or '(none)'}", where + unknown[0])
+    defaults = {k: p.default for k, p in params.items()}
+    return check_values(typing.get_type_hints(fn, include_extras=True), values, where, defaults)
 
 
 def _build(cls, values: Any, path: str):
@@ -138,7 +277,7 @@ def _build(cls, values: Any, path: str):
     if unknown:
         where = f"{path}." if path else ""
         raise ConfigError(f"unknown key(s) {[where + k for k in unknown]}; allowed under "
-                          f"{path or 'the run config'}: {sorted(known)}")
+                          f"{path or 'the run config'}: {sorted(known)}", where + unknown[0])
     kwargs = {}
     values = check_value_types(cls, values, f"{path}." if path else "")
     for name, value in values.items():

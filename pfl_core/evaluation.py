@@ -32,8 +32,9 @@ Two paths, chosen like training by the executor's ``execution`` (issue 10):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,9 @@ from torch.utils._pytree import tree_map
 from pfl_core.algorithms.base import Algorithm, ClientContext, HyperParams, ServerState
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine.plans import _rows
+from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt
 from pfl_core.engine.trees import stack_trees
+from pfl_core.errors import DivergenceError
 from pfl_core.registry import Registry
 from pfl_core.training import Params
 
@@ -57,25 +60,21 @@ PROTOCOLS: Registry = Registry("evaluation protocol")
 class EvalConfig(HyperParams):
     """Settings of an evaluation protocol (both protocols share them)."""
 
-    steps: int = 0
+    steps: NonNegativeInt = 0
     """Personalization steps at evaluation for methods that fine-tune (CAFeMe: 50)."""
-    lr: float = 0.01
+    lr: PositiveFloat = 0.01
     """Fine-tuning learning rate (CAFeMe: ``lr_ft`` for baselines, ``lr_ft_pfl`` for CAFeMe)."""
-    gamma: float = 0.8
+    gamma: PositiveFloat = 0.8
     """Multiplicative learning-rate decay (CAFeMe: 0.8)."""
-    decay_every: int = 5
+    decay_every: PositiveInt = 5
     """Decay the learning rate after every this many steps (CAFeMe: 5)."""
-    batch_size: int = 0
+    batch_size: NonNegativeInt = 0
     """Evaluation batch size; 0 = the federation's training batch size."""
-    reduction: str = "batch_mean"
+    reduction: Literal["batch_mean", "sample"] = "batch_mean"
     """Client accuracy: ``batch_mean`` = unweighted mean of per-batch accuracies, batches of size 1
     skipped (CAFeMe code); ``sample`` = correct predictions / samples."""
     split: str = "test"
     """The client split evaluated on."""
-
-    def __post_init__(self) -> None:
-        if self.reduction not in ("batch_mean", "sample"):
-            raise ValueError(f"reduction must be 'batch_mean' or 'sample', got {self.reduction!r}")
 
     def lr_at(self, step: int) -> float:
         return self.lr * self.gamma ** (step // self.decay_every)
@@ -301,6 +300,20 @@ def personalize_and_evaluate_batched(algorithm: Algorithm, params: list[Params],
     return results
 
 
+def check_finite_results(results: list[ClientResult]) -> None:
+    """Raise :class:`DivergenceError` at the first client and step whose evaluation loss is not
+    finite (NaN parameters give a finite accuracy from argmax, so the loss is the witness)."""
+    for result in results:
+        for step, loss in enumerate(result.loss):
+            if not math.isfinite(loss):
+                raise DivergenceError(f"non-finite evaluation loss ({loss}) of client {result.cid} after "
+                                      f"fine-tuning step {step} (0 = before fine-tuning)")
+
+
+#: the scalar summaries of an evaluation (:func:`summarise`), logged per evaluation round and at the end
+SUMMARY_KEYS = ("acc", "acc_weighted", "acc_last3", "acc_last3_weighted", "acc_step0", "eval_loss")
+
+
 def summarise(results: list[ClientResult]) -> EvalResult:
     """Per-step unweighted client mean and sample-weighted mean, plus scalar summaries:
     ``acc`` / ``acc_weighted`` at the last step and ``acc_last3`` / ``acc_last3_weighted``, the
@@ -339,17 +352,20 @@ class Protocol:
 
     def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
                  executor: "Executor | None" = None) -> EvalResult:
-        """Every client's curve; ``executor.execution`` picks the path (default: sequential)."""
+        """Every client's curve; ``executor.execution`` picks the path (default: sequential).
+        A non-finite loss at any step (a diverging fine-tuning) raises :class:`DivergenceError`."""
         steps = self.cfg.steps if algorithm.finetune_at_eval else 0
         batched = executor is not None and executor.execution == "batched"
         if batched and batched_evaluation_fallback(algorithm) is None:
             clients = list(contexts.values())
             params = [algorithm.predictor(server, ctx) for ctx in clients]
-            return summarise(personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps))
-        results = [
-            personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
-            for ctx in contexts.values()
-        ]
+            results = personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps)
+        else:
+            results = [
+                personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
+                for ctx in contexts.values()
+            ]
+        check_finite_results(results)
         return summarise(results)
 
 

@@ -9,14 +9,17 @@ import functools
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from pfl_core.algorithms import METHODS
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset
+from pfl_core.data.builder import short_train_clients
+from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
@@ -126,7 +129,10 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
     streams = RunStreams(cfg.seed)
     d = cfg.data
     params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
-    dataset = standardize(_cached_dataset(d.dataset, params, d.split, data_dir), d.normalize)
+    from_train = d.normalize == "pixel" and cfg.pixel_stats_from() == "train"
+    dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
+    if not from_train:  # the paper code's order: statistics of the whole set, before subsampling
+        dataset = standardize(dataset, d.normalize)
     if d.subsample and d.subsample < len(dataset):
         keep = streams.numpy("subsample").choice(len(dataset), size=d.subsample, replace=False)
         dataset = dataset.subset(torch.as_tensor(sorted(keep)))
@@ -141,7 +147,12 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         streams=streams,
         remainder=d.remainder,
         validation_fraction=d.validation_fraction,
-    ).to(dev)
+        min_train_size=cfg.federation.batch_size if d.redraw_short_clients else 0,
+    )
+    if from_train:  # statistics of the training clients' train splits only (a tuning run)
+        rows = torch.cat([fed.clients[c].splits["train"] for c in fed.train_clients])
+        fed = replace(fed, dataset=standardize(fed.dataset, "pixel", rows=rows))
+    fed = fed.to(dev)
 
     method_cls = METHODS.get(cfg.method.name)
     hp = method_cls.hyper_class.from_dict(cfg.method.params, where=f"method {cfg.method.name}: ")
@@ -162,6 +173,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     final, fed = fed_result.final, setup.fed
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
+    short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
+    metrics["short_train_clients"] = float(len(short))  # the report counts them per run
     clients = [
         {"cid": r.cid, "num_samples": r.num_samples, "acc": r.acc, "loss": r.loss,
          "meta": fed.clients[r.cid].meta}
@@ -179,7 +192,10 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "unseen_clients": fed.unseen_clients,
         "partition_digest": partition_digest(fed),
         "sampling_digest": digest(fed_result.sampled),
-        "short_train_splits": sorted(c for c, ctx in fed_result.contexts.items() if ctx.streams["train"].short),
+        "short_train_splits": short,
+        "partition_draws": fed.partition_draws,
+        "test_in_other_train_fraction": test_in_other_train_fraction(fed),
+        **setup.algorithm.run_info(fed_result.server),
     }
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
 
@@ -190,14 +206,16 @@ def run_experiment(
     data_dir: str | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
+    checkpointing: Checkpointing | None = None,
 ) -> RunResult:
     """Run one configuration and return its results (raises DivergenceError on NaN).
 
     ``execution`` is how the clients are run, never what is computed (the config hash ignores it):
     ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
     :mod:`pfl_core.engine`), or ``auto`` (:func:`make_executor`). A method without a client
-    program runs sequentially either way; ``info["execution"]`` records the path taken and why."""
-    return run_experiments([cfg], device, data_dir, on_round, execution)[0]
+    program runs sequentially either way; ``info["execution"]`` records the path taken and why.
+    ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it."""
+    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing)[0]
 
 
 def run_experiments(
@@ -206,26 +224,34 @@ def run_experiments(
     data_dir: str | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
+    checkpointing: Checkpointing | None = None,
 ) -> list[RunResult]:
     """Run configurations that differ only in their seed *in lockstep*: every round, the sampled
     clients of all of them go to the executor together (on the batched path: one vmapped stack of
     clients x seeds). Each run keeps its own partition, client samples, batches and state, so each
     gets what it gets alone. ``on_round(round_idx, metrics)`` fires once per round (first run's
-    metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it."""
+    metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it.
+    ``checkpointing`` has one path per configuration: the runs resume from their checkpoints when
+    all exist at the same round (the warm start is then skipped: its result is in the saved
+    server state), and are saved together every N rounds."""
     started = time.perf_counter()
     dev = resolve_device(device)
     executor = make_executor(execution, dev)
     _check_lockstep(cfgs)
     setups = [prepare_run(cfg, dev, data_dir) for cfg in cfgs]
-    inits = warm_start(setups, executor)
+    saved = checkpointing.available() if checkpointing is not None else None
+    inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [
         Federation(s.algorithm, s.fed, init, s.cfg.federation, s.protocol, s.streams,
                    on_round if k == 0 else None)
         for k, (s, init) in enumerate(zip(setups, inits))
     ]
-    results = run_lockstep(federations, executor)
+    start = checkpointing.restore(federations, saved, dev) if saved else 0
+    results = run_lockstep(federations, executor, start, checkpointing)
     wall = (time.perf_counter() - started) / len(cfgs)
     info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), "wall_s": wall}
+    if start:
+        info["resumed_from_round"] = start
     return [run_result(s, r, info) for s, r in zip(setups, results)]
 
 

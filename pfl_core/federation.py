@@ -2,7 +2,8 @@
 
 Client sampling has its own RNG stream, so the sequence of sampled clients depends on the seed
 alone, never on the method. A non-finite training loss or server state stops the run with a
-:class:`DivergenceError` naming the round.
+:class:`DivergenceError` naming the round (a non-finite evaluation loss too: see
+:meth:`pfl_core.evaluation.Protocol.evaluate`).
 """
 from __future__ import annotations
 
@@ -14,16 +15,14 @@ import torch
 
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
 from pfl_core.batching import BatchStream
+from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine import Executor, WorkItem
+from pfl_core.errors import DivergenceError
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
 from pfl_core.training import Params, all_finite
-
-
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss or parameters."""
 
 
 class ClientSampler:
@@ -155,15 +154,21 @@ class Federation:
         return self.result
 
 
-def run_lockstep(federations: list[Federation], executor: Executor) -> list[FederationResult]:
+def run_lockstep(federations: list[Federation], executor: Executor, start_round: int = 0,
+                 checkpointing: Checkpointing | None = None) -> list[FederationResult]:
     """Advance runs of one method (the seeds of a cell) together: each round, the sampled clients
     of every run go to the executor in one call, so the batched path stacks clients x seeds. Each
-    run keeps its own data, client samples, batches and state, hence its own numbers."""
+    run keeps its own data, client samples, batches and state, hence its own numbers.
+    ``start_round``: the first round to run (after a restored checkpoint); ``checkpointing``
+    saves every run when due (:mod:`pfl_core.checkpoint`)."""
     rounds = {f.cfg.rounds for f in federations}
     if len(rounds) != 1:
         raise ValueError(f"runs in lockstep need the same number of rounds, got {sorted(rounds)}")
-    for round_idx in range(rounds.pop()):
+    total = rounds.pop()
+    for round_idx in range(start_round, total):
         lockstep_round(federations, executor, round_idx)
+        if checkpointing is not None and checkpointing.due(round_idx, total):
+            checkpointing.save(federations, round_idx)
     return [f.finish(executor) for f in federations]
 
 

@@ -43,3 +43,22 @@ class RunStreams:
         gen = torch.Generator(device=device)
         gen.manual_seed(self.seed_int(purpose, *sub))
         return gen
+
+
+CUBLAS_WORKSPACE = ":4096:8"
+"""``CUBLAS_WORKSPACE_CONFIG`` that makes cuBLAS deterministic (PyTorch "Reproducibility" notes)."""
+
+
+def use_deterministic(enabled: bool = True) -> bool:
+    """Ask PyTorch for deterministic kernels in this process (``pflbench run --deterministic``):
+    ``torch.use_deterministic_algorithms`` (an op without a deterministic implementation raises),
+    cuDNN autotuning off, and ``CUBLAS_WORKSPACE_CONFIG`` set unless already set (it must be set
+    before the process's first cuBLAS call, so a run sets it before touching CUDA). How a run is
+    computed, not what: never part of the config hash. Returns the resulting state."""
+    if enabled:
+        import os
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.benchmark = False
+    return torch.are_deterministic_algorithms_enabled()

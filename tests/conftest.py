@@ -103,7 +103,9 @@ def store(root: Path) -> tuple[str, Path]:
 
 @pytest.fixture
 def isolated(tmp_path, monkeypatch):
-    """cwd = tmp_path (keeps relative results/ and reports/ out of the repo), no MLFLOW_TRACKING_URI."""
+    """cwd = tmp_path (keeps relative reports/ out of the repo), default stores under
+    tmp_path/results (PFLBENCH_RESULTS_DIR), no MLFLOW_TRACKING_URI."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("PFLBENCH_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.chdir(tmp_path)
     return tmp_path

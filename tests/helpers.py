@@ -20,3 +20,27 @@ def tiny_federation(sizes=(6, 4, 5), features=3, classes=3, unseen=(), seed=0, t
         start += n + test
     train_ids = [c for c in range(len(sizes)) if c not in unseen]
     return FederatedData(ArrayDataset("tiny", x, y, classes), clients, train_ids, list(unseen))
+
+
+def tiny_modulated(context_labels: bool = False, modulation: str = "sigmoid", seed: int = 0):
+    """A float64 1x6x6 CAFeMe-style modulated net (one conv block, one hidden dense block, 3
+    classes), small enough for hand computations and finite differences."""
+    from torch import nn
+
+    from pfl_core.models.cafeme import ModulatedCNN
+    from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
+
+    torch.manual_seed(seed)
+    base = BaseCNN(nn.Sequential(conv_block(1, 2, 3, 1)), nn.Sequential(dense_block(18, 4), nn.Linear(4, 3)))
+    return ModulatedCNN(base, nn.Sequential(conv_block(1, 2, 3, 1)), [18, 5, 6], 3,
+                        modulation=modulation, context_labels=context_labels).double()
+
+
+def image_federation(sizes=(12,), classes: int = 3, test: int = 4, seed: int = 0) -> FederatedData:
+    """``tiny_federation`` with float64 1x6x6 images (for :func:`tiny_modulated`)."""
+    gen = torch.Generator().manual_seed(seed)
+    fed = tiny_federation(sizes=sizes, classes=classes, test=test, seed=seed)
+    n = len(fed.dataset.y)
+    fed.dataset = ArrayDataset("tiny6x6", torch.rand(n, 1, 6, 6, generator=gen, dtype=torch.float64),
+                               fed.dataset.y, classes)
+    return fed

@@ -1,14 +1,12 @@
 import pytest
 import torch
-from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment
 from pfl_core.models import build_model, count_parameters
-from pfl_core.models.cafeme import ModulatedCNN
-from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
 from pfl_core.training import forward, model_params
+from tests.helpers import tiny_modulated
 
 
 @pytest.mark.parametrize("name, shape, classes, total, fm", [
@@ -68,9 +66,7 @@ def test_film_switch_doubles_the_modulator_output_and_labels_widen_its_input():
 
 def _tiny_modulated():
     """A 1x6x6 modulated net small enough for float64 finite differences."""
-    torch.manual_seed(0)
-    base = BaseCNN(nn.Sequential(conv_block(1, 2, 3, 1)), nn.Sequential(dense_block(18, 4), nn.Linear(4, 3)))
-    return ModulatedCNN(base, nn.Sequential(conv_block(1, 2, 3, 1)), [18, 5, 6], 3).double()
+    return tiny_modulated()
 
 
 def _algorithm(model, **hp):

@@ -12,7 +12,8 @@ import torch
 import pfl_core.data.cgpfl_split  # noqa: F401  (registers classes_and_sizes)
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.apfl import apfl_step
-from pfl_core.algorithms.cgpfl import ContextUpdate, choose_num_clusters, kmeans_labels
+from pfl_core.algorithms.cgpfl import ContextUpdate, kmeans_labels
+from pfl_core.algorithms.cgpfl_heur import choose_num_clusters
 from pfl_core.algorithms.l2sgd import aggregation_branch, coin_counts, expected_step, local_branch
 from pfl_core.algorithms.pfedme import prox_gradient_steps
 from pfl_core.config import FederationConfig, RunConfig
@@ -122,6 +123,60 @@ def test_cgpfl_alpha_step_and_empty_cluster_keeps_its_centre():
     assert sorted(server["sizes"]) == [0, 2, 2]
 
 
+def _uploads(rows, size=10):
+    return [ContextUpdate({"0.weight": torch.tensor(row, dtype=torch.float64).view(2, 2)}, size, torch.tensor(0.0),
+                          cid=i) for i, row in enumerate(rows)]
+
+
+def test_cgpfl_clients_start_from_their_own_context_model():
+    """Algorithm 1 line 4: client i receives omega_{k(i)} (theta and w start there); a client not yet
+    assigned gets context 0."""
+    from pfl_core.algorithms.base import ClientContext
+
+    fed = tiny_federation(sizes=(3, 3, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
+    alg = _algorithm("cgpfl", model, num_clusters=2)
+    server = alg.init_server({"0.weight": torch.zeros(2, 2, dtype=torch.float64)})
+    centres = [{"0.weight": torch.full((2, 2), float(v), dtype=torch.float64)} for v in (1, 2)]
+    server = {**server, "centers": centres, "assign": {0: 1, 1: 0}}
+    for cid, k in ((0, 1), (1, 0), (2, 0)):
+        carry = alg.carry_in(server, ClientContext(fed.clients[cid], fed.dataset, {}), 0)
+        assert torch.equal(carry["w"]["0.weight"], centres[k]["0.weight"])
+        assert torch.equal(carry["theta"]["0.weight"], centres[k]["0.weight"])
+
+
+def test_cgpfl_heur_chooses_k_once_and_records_it():
+    """K is chosen at the first aggregation only (paper Section 4.4) and kept, even when later
+    uploads would choose another K; the run records the choice."""
+    x, _ = _planted(per=4, dim=4)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
+    alg = _algorithm("cgpfl_heur", model, mu=1.0, mu_scale="absolute")
+    server = alg.init_server({"0.weight": torch.zeros(2, 2, dtype=torch.float64)})
+    server = alg.aggregate(server, _uploads(x))
+    assert server["num_clusters"] == 3 and server["heur"]["chosen"] == 3
+    flat = np.random.default_rng(1).normal(0, 0.01, x.shape)  # one blob: the solver alone would pick 1
+    best, _ = choose_num_clusters(flat, np.ones(len(flat)), list(range(1, 7)), mu=1.0, mu_scale="absolute",
+                                  penalty="kd", seed=0)
+    assert best.k == 1
+    server = alg.aggregate(server, _uploads(flat))
+    assert server["num_clusters"] == 3 and len(server["centers"]) == 3
+    info = alg.run_info(server)
+    assert info["cgpfl_heur_chosen_k"] == 3 and info["cgpfl_heur_candidates"] == list(range(1, 7))
+    assert info["cgpfl_contexts"] == 3
+
+
+def test_relative_mu_at_most_one_always_chooses_one_context():
+    """With mu_scale relative and penalty K*d, (11) is d (K + mu cost(K)/cost(1)): mu <= 1 gives K = 1."""
+    x, _ = _planted(per=5, dim=6)
+    for mu in (1e-3, 1e-2, 1e-1, 1.0):
+        best, _ = choose_num_clusters(x, np.ones(len(x)), list(range(1, 8)), mu=mu, mu_scale="relative",
+                                      penalty="kd", seed=0)
+        assert best.k == 1
+    best, _ = choose_num_clusters(x, np.ones(len(x)), list(range(1, 8)), mu=10.0, mu_scale="relative",
+                                  penalty="kd", seed=0)
+    assert best.k == 3
+
+
 def test_cgpfl_heur_picks_the_planted_k_and_requires_mu():
     x, _ = _planted(per=5, dim=6)
     w = np.ones(len(x))
@@ -209,12 +264,17 @@ def test_l2sgd_expected_step_is_a_gradient_step_on_the_penalized_objective():
 
 
 def test_l2sgd_coin_flips_are_reproducible_with_geometric_means():
-    draws = [coin_counts(0, t, 0.1) for t in range(3000)]
-    assert draws == [coin_counts(0, t, 0.1) for t in range(3000)]
-    local = np.mean([d[0] for d in draws])
+    """After the first round every round opens with the local flip that ended the previous round's
+    aggregations: L >= 1 with E[L] = 1/p = 10 (not (1-p)/p = 9); only round 0 may have L = 0."""
+    draws = [coin_counts(0, t, 0.1) for t in range(1, 3001)]
+    assert draws == [coin_counts(0, t, 0.1) for t in range(1, 3001)]
+    local = np.array([d[0] for d in draws])
+    assert local.min() >= 1
+    assert abs(local.mean() - 10.0) < 0.6  # E[L] = 1 / p; standard error ~0.17
     agg = np.mean([d[1] for d in draws])
-    assert abs(local - 9.0) < 1.0  # E[L] = (1 - p) / p
     assert abs(agg - 1 / 0.9) < 0.05  # E[J] = 1 / (1 - p)
+    first = np.array([coin_counts(s, 0, 0.1)[0] for s in range(3000)])
+    assert first.min() == 0 and abs(first.mean() - 9.0) < 0.6  # round 0: L + 1 ~ Geometric(p)
     with pytest.raises(ValueError, match="aggregation coefficient"):
         METHODS.get("l2sgd").hyper_class(lr=0.03, lam=12.0, p=0.1)
 
@@ -270,6 +330,34 @@ def test_classes_and_sizes_with_a_quarter_test_split():
         assert client.size("test") == n // 4 and client.size("train") == n - n // 4
 
 
+def test_test_in_other_train_fraction_counts_rows_of_other_clients_train_splits():
+    from pfl_core.data.cgpfl_split import test_in_other_train_fraction
+    from pfl_core.data.federated import Client, FederatedData
+
+    data = ArrayDataset("toy", torch.zeros(8, 1), torch.zeros(8, dtype=torch.long), 2)
+    a = Client(0, {"train": torch.tensor([0, 1, 2]), "test": torch.tensor([3, 4])})
+    b = Client(1, {"train": torch.tensor([3, 5]), "test": torch.tensor([0, 6])})
+    assert test_in_other_train_fraction(FederatedData(data, [a, b], [0, 1])) == 0.5  # rows 3 and 0 of 3, 4, 0, 6
+    lone = Client(0, {"train": torch.tensor([0])})
+    assert test_in_other_train_fraction(FederatedData(data, [lone], [0])) is None
+
+
+def test_table1_suite_splits_every_client_75_25():
+    """The suite's data section: train = floor(0.75 n), test = the rest (CGPFL paper Section 5.1)."""
+    from pfl_core.experiment import prepare_run
+
+    suite = _load("table1")
+    spec = suite.expand("smoke", only={"setting": ["mnist-mlr"], "method": ["FedAvg"]})[0]
+    config = copy.deepcopy(spec.config)
+    config["data"]["dataset"] = "digits28"
+    fed = prepare_run(RunConfig.from_dict(config), torch.device("cpu")).fed
+    assert len(fed.clients) == 40 and fed.unseen_clients == []
+    for client in fed.clients:
+        n = client.size("train") + client.size("test")
+        assert 30 <= n <= 60 and set(client.splits) == {"train", "test"}
+        assert client.size("train") == int(np.floor(0.75 * n))
+
+
 # ---------------------------------------------------------------- model
 def test_cgpfl_cnn_has_52202_parameters():
     model = build_model("cgpfl_cnn", (3, 32, 32), 10)
@@ -321,3 +409,40 @@ def test_table1_smoke_cell_runs_end_to_end_on_offline_digits(method):
     assert 0.0 <= result.metrics["acc_weighted"] <= 1.0
     assert result.info["num_train_clients"] == 40
     assert len(result.history) == 2 and "acc_weighted" in result.history[-1]
+    assert 0.0 < result.info["test_in_other_train_fraction"] < 1.0  # overlap mode: clients share rows
+    if method == "CGPFL-Heur":
+        assert 1 <= result.info["cgpfl_heur_chosen_k"] <= 20
+
+
+# the named conventions every CGPFL suite cell of these methods must run with (issue 11, item 8)
+CONVENTIONS = {
+    "pfedme": {"predictor": "local", "theta_start": "received", "hidden_l2": 0.0, "beta": 1.0},
+    "cgpfl": {"predictor": "local", "theta_start": "received", "alpha": 1.0},
+    "cgpfl_heur": {"predictor": "local", "theta_start": "received", "mu_scale": "relative"},
+    "perfedavg": {"beta": 0.001, "skip_logging_batch": False, "weighting": "samples", "variant": "hf"},
+    "ditto": {"schedule": "interleaved", "weighting": "uniform", "anchor": "global", "global_optimizer": "sgd",
+              "evaluate_personal": True},
+    "l2sgd": {"variant": "loopless"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_cgpfl_suites_run_the_baselines_with_their_codes_conventions(name):
+    suite = _load(name)
+    seen = set()
+    for spec in suite.expand("paper"):
+        method = spec.config["method"]
+        for key, value in CONVENTIONS.get(method["name"], {}).items():
+            assert method["params"][key] == value, (spec.cell, key)
+        seen.add(method["name"])
+    assert {"pfedme", "cgpfl"} <= seen
+    for spec in suite.expand("theta_predictor"):
+        if spec.config["method"]["name"] in ("pfedme", "cgpfl", "cgpfl_heur"):
+            assert spec.config["method"]["params"]["predictor"] == "theta"
+    assert all(s.config["data"]["partition"]["mode"] == "disjoint" for s in suite.expand("disjoint"))
+    if name == "table1":
+        l2sgd = [s for s in suite.expand("ditto_code_baselines") if s.config["method"]["name"] == "l2sgd"]
+        apfl = [s for s in suite.expand("ditto_code_baselines") if s.config["method"]["name"] == "apfl"]
+        assert l2sgd and all(s.config["method"]["params"]["variant"] == "mean_regularized" for s in l2sgd)
+        assert apfl and not any(s.config["method"]["params"]["adaptive_alpha"] for s in apfl)
+        assert suite.metric["also"] == ["max_over_rounds"]

@@ -87,6 +87,9 @@ CASES = {
     "ditto": ("ditto", {"lr": 0.2, "personal_steps": 2, "global_steps": 2, "global_lr": 0.05}, dnn, flat_federation),
     "ditto-sgd-global-anchor": ("ditto", {"lr": 0.2, "personal_steps": 1, "global_steps": 2, "global_lr": 0.1,
                                           "global_optimizer": "sgd", "anchor": "global"}, dnn, flat_federation),
+    "ditto-interleaved": ("ditto", {"lr": 0.2, "personal_steps": 2, "global_steps": 2, "global_lr": 0.1,
+                                    "global_optimizer": "sgd", "anchor": "global", "schedule": "interleaved",
+                                    "weighting": "samples"}, dnn, flat_federation),
     "fedrep": ("fedrep", {"lr": 0.05, "head_steps": 2, "head_prefixes": ["fc."]}, tiny_cnn, image_federation),
     "fedrep-personal-head": ("fedrep", {"lr": 0.05, "head_steps": 1, "personal_head": True,
                                         "persist_optimizer": False, "head_prefixes": ["fc."]}, tiny_cnn,
@@ -100,6 +103,8 @@ CASES = {
     "cafeme-so": ("cafeme", {"adapt_steps": 2, "query_batches": 2, "inner_lr": 0.1, "outer_lr": 0.01,
                              "first_order": False}, tiny_modulated, image_federation),
     "pfedme": ("pfedme", {**PROX, "beta": 1.0}, dnn, flat_federation),
+    "pfedme-theta-persists": ("pfedme", {**PROX, "predictor": "theta", "theta_start": "persist"}, dnn,
+                              flat_federation),
     "pfedme-local-predictor": ("pfedme", {**PROX, "beta": 2.0, "hidden_l2": 0.001, "predictor": "local",
                                           "weighting": "uniform"}, dnn, flat_federation),
     "cgpfl": ("cgpfl", {**PROX, "num_clusters": 2}, dnn, flat_federation),
@@ -110,8 +115,10 @@ CASES = {
     "apfl": ("apfl", {"lr": 0.2, "local_steps": 3}, dnn, flat_federation),
     "apfl-fixed-alpha": ("apfl", {"lr": 0.2, "local_steps": 2, "adaptive_alpha": False, "mix_with": "local"}, dnn,
                          flat_federation),
-    # the run's coin flips (seed 11): L = 0 (loss only), 2, then 1 local steps
+    # the run's coin flips (seed 11): L = 0 (loss only), 3, then 2 local steps
     "l2sgd": ("l2sgd", {"lr": 0.1, "lam": 1.0, "p": 0.3}, dnn, flat_federation),
+    "l2sgd-mean-regularized": ("l2sgd", {"variant": "mean_regularized", "lr": 0.1, "lam": 1.0, "local_steps": 2},
+                               dnn, flat_federation),
 }
 
 
@@ -209,7 +216,7 @@ def test_a_fallback_reason_sends_a_method_to_the_sequential_path():
 
 def test_the_cases_reach_cgpfl_heur_contexts_and_l2sgd_rounds_without_local_steps():
     assert run_path(CASES["cgpfl_heur"], "sequential", rounds=1).server["num_clusters"] == 2
-    assert [coin_counts((11, 0), t, 0.3)[0] for t in range(3)] == [0, 2, 1]  # run_path's seed is 11
+    assert [coin_counts((11, 0), t, 0.3)[0] for t in range(3)] == [0, 3, 2]  # run_path's seed is 11
 
 
 # ------------------------------------------------------------------ seeds in lockstep

@@ -143,10 +143,10 @@ def test_warm_start_chain_starts_from_the_predecessors_final_model(monkeypatch):
     starts = []
     original = experiment.run_lockstep
 
-    def spy(federations, executor):
+    def spy(federations, executor, *rest):
         (federation,) = federations
         init = {k: v.clone() for k, v in federation.server["params"].items()}
-        (result,) = original(federations, executor)
+        (result,) = original(federations, executor, *rest)
         starts.append((type(federation.algorithm).__name__, init, result.server["params"],
                        federation.evaluate_clients))
         return [result]
@@ -192,3 +192,17 @@ def test_auto_execution_is_sequential_on_a_cpu_and_recorded():
     assert run.info["execution"] == "sequential"
     with pytest.raises(ValueError, match="execution must be one of"):
         run_experiment(_config(), device="cpu", execution="vectorised")
+
+
+@pytest.mark.parametrize("execution", ["sequential", "batched"])
+def test_nan_in_evaluation_fine_tuning_fails_the_run(execution):
+    """Issue 15 item 5: a fine-tuning step that diverges at evaluation (lr 1e38 overflows float32) is a
+    DivergenceError naming the client and the step, on both evaluation paths, not a NaN loss in
+    the table. Training itself is fine (the same run with a sane fine-tuning rate finishes)."""
+    from pfl_core.federation import DivergenceError
+
+    cfg = _config("fedavg_ft", rounds=1)
+    assert np.isfinite(run_experiment(cfg, device="cpu", execution=execution).metrics["eval_loss"])
+    cfg.evaluation.params["lr"] = 1e38
+    with pytest.raises(DivergenceError, match=r"non-finite evaluation loss .* client \d+ .* step [1-3]\b"):
+        run_experiment(cfg, device="cpu", execution=execution)

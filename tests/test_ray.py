@@ -13,7 +13,7 @@ import pytest
 import benchmarks.runner as runner
 import benchmarks.tuning as tuning
 from benchmarks.cli import main
-from benchmarks.runner import (KILL_HOOK_ENV, ExecutorError, LocalExecutor, RayExecutor, default_threads,
+from benchmarks.runner import (DEFAULT_THREADS, KILL_HOOK_ENV, ExecutorError, LocalExecutor, RayExecutor,
                                run_sweep)
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker, read_json_artifact
@@ -83,9 +83,9 @@ def test_demo_smoke_sweep_on_ray_resumes_and_logs_every_run_once(tmp_path, capsy
         assert 0.0 <= run.data.metrics["acc_last3"] <= 1.0
         rounds = tracker.client.get_metric_history(run.info.run_id, "round/train_loss")
         assert sorted(m.step for m in rounds) == list(range(1, spec.config["federation"]["rounds"] + 1))
-        if spec.method != "local":  # Ray workers: cpu_count // --jobs torch threads (2 cores here)
+        if spec.method != "local":  # every run: DEFAULT_THREADS torch threads, whatever --jobs
             info = read_json_artifact(tracker.client, run.info.run_id, "run_info.json")
-            assert info["torch_threads"] == default_threads(2) and info["error"] is None
+            assert info["torch_threads"] == DEFAULT_THREADS == 1 and info["error"] is None
 
     # everything FINISHED: a rerun runs nothing (and starts no Ray instance)
     assert main(args + ["--executor", "ray", "--jobs", "2"]) == 0
@@ -163,11 +163,10 @@ def test_tune_on_ray_shares_the_study_and_the_parent_logs_each_trial_once(tmp_pa
 
 
 def test_thread_counts_and_option_errors(tmp_path, tiny_suite, capsys, monkeypatch):
-    cores = default_threads(1)
-    assert default_threads(2 * cores) == 1 and default_threads(0) == cores
-    assert LocalExecutor(jobs=2).threads == max(1, cores // 2) and LocalExecutor(jobs=2, threads=3).threads == 3
-    assert LocalExecutor(jobs=1).threads is None  # in process: torch's default unless --threads
-    assert RayExecutor(jobs=2).threads == max(1, cores // 2)
+    # one fixed default whatever --jobs (issue 15, item 3), --threads overrides it
+    assert LocalExecutor(jobs=2).threads == LocalExecutor(jobs=1).threads == DEFAULT_THREADS == 1
+    assert LocalExecutor(jobs=2, threads=3).threads == 3
+    assert RayExecutor(jobs=2).threads == DEFAULT_THREADS
     assert RayExecutor(address="auto").threads == 1 and RayExecutor(address="auto", threads=4).threads == 4
     with pytest.raises(ExecutorError, match="--gpus-per-run must be"):
         RayExecutor(gpus_per_run=1.5)

@@ -27,10 +27,11 @@ from conftest import store, tiny_suite_dict, write_suite
 FAIL_CELL = {"setting": "iid", "method": "fedavg_ft"}
 FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
-                    "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
+                    "literal_mean", "literal_pm", "literal_step", "short_train_clients", "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
                     "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
-                    "failure_reason", "switches", "tuned", "tuned_source", "profile", "metric", "aggregate",
-                    "pm_kind", "ddof"]
+                    "failure_reason", "switches", "tuned", "tuned_source", "code_mean", "code_pm", "code_sem",
+                    "code_seeds", "code_source", "code_diff", "code_bound", "code_rule", "code_verdict",
+                    "code_verdict_detail", "label", "profile", "metric", "aggregate", "pm_kind", "ddof"]
 NOTICE = "Not comparable with the paper"
 
 # hand-made runs: fractions; the metric scale (100) makes them percent
@@ -88,7 +89,8 @@ def fill_hand_store(root, tracker):
                     log_by_hand(tracker, suite, spec, error="diverged: hand-made nan")
                     continue
                 log_by_hand(tracker, suite, spec, curve_mean=CURVES[spec.seed],
-                            metrics={"acc_last3": float(np.mean(CURVES[spec.seed][-3:]))})
+                            metrics={"acc_last3": float(np.mean(CURVES[spec.seed][-3:])),
+                                     "short_train_clients": float(spec.seed)})  # seed 1: one short client
             elif cell[0] == "dir":
                 rows = [{"round": r, "train_loss": 1.0, "val_acc_weighted": v, "acc_weighted": t}
                         for r, v, t in VAL_HISTORY[spec.seed]]
@@ -304,6 +306,23 @@ def test_cafeme_curve_statistic_from_the_store(reported):
     assert (row["mean"], round(row["pm"], 4)) == (pytest.approx(65.0), 8.3333)
 
 
+def test_cafeme_literal_metric_and_short_clients_beside_the_table_value(reported):
+    """Issue 11 items 2 and 5: the accuracy after exactly the last step (mean and std over seeds of
+    the curves' last points) and the per-run count of clients smaller than a batch."""
+    report = reported["hand_pdf"].suites[0].report
+    row = row_of(report.table, "dir", "local")
+    last = np.array([CURVES[0][-1], CURVES[1][-1]]) * 100
+    assert (row["literal_mean"], row["literal_pm"], row["literal_step"]) == (
+        pytest.approx(last.mean()), pytest.approx(np.std(last, ddof=0)), 4)
+    assert row["literal_mean"] != pytest.approx(row["mean"])
+    assert row["short_train_clients"] == "seed 1: 1"
+    text = squash(reported["hand_pdf"].suites[0].md.read_text())
+    assert "dir/local: after 4 steps 80.00 ± 10.00 (table value 65.00 ± 8.33)" in text
+    assert "dir/local: seed 1: 1" in text
+    assert "Literal metric" not in reported["text"]  # the tiny suite's metric is not a curve
+    assert any("after 4 steps 80.00" in squash(page) for page in pdf_pages(reported["hand_pdf"].pdf))
+
+
 def test_every_verdict_reached_on_the_hand_made_store(reported):
     table = reported["hand_pdf"].suites[0].report.table
     verdicts = {(r["setting"], r["method"]): r["verdict"] for _, r in table.iterrows()}
@@ -393,8 +412,9 @@ def test_latex_tables_are_booktabs_with_bold_best_and_balanced(reported, tmp_pat
 def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
     done = reported["tiny_pdf"]
     pages = pdf_pages(done.pdf)
-    assert len(pages) == len(done.pages) == 7
-    assert done.pages[0] == "title"
+    # summary, table with its legend folded under it, bars, diff, fidelity, setup
+    assert len(pages) == len(done.pages) == 6
+    assert done.pages[0] == "summary" and not any("verdicts and conclusions" in p for p in done.pages)
     for page in pages:
         assert NOTICE in squash(page)
     title = squash(pages[0])
@@ -528,3 +548,25 @@ def test_published_cell_key_order_does_not_matter(tmp_path, suite_data, reported
     suite = load_suite(write_suite(tmp_path / "order.yaml", suite_data))
     _, _, table = write_report(suite, reported["tracker"], "smoke", out_dir=tmp_path / "rep")
     assert row_of(table, "dir", "fedavg")["published_mean"] == 50.0
+
+
+def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
+    """Page 1 of a two-table PDF: the verdict counts per table and in all, the labels, Kendall tau
+    per table and the switches in force (tiny suite: its smoke profile's non-default settings)."""
+    hand = squash(pdf_pages(reported["hand_pdf"].pdf)[0])
+    reports = [s.report for s in reported["hand_pdf"].suites]
+    holds = [f"{sum(c.best_holds for c in r.conclusions)}/{len(r.conclusions)}" for r in reports]
+    # cells, reproduced, above, below, partial, failed, not run, no reference, undecided, best holds
+    assert f"hand/curves 6 1 1 1 1 1 1 0 0 {holds[0]}" in hand
+    assert f"hand/bestval 6 1 1 0 0 0 3 1 0 {holds[1]}" in hand  # dir/fedavg_ft ran, no published number
+    assert "all 12 2 2 1 1 1 4 1 0" in hand
+    for line in ("4 x not run", "1 x no reference", "2 x reproduces the paper", "2 x above the paper", "1 x below the paper",
+                 "1 x partial 1/2: reproduces the paper", "1 x failed",
+                 "no table has a code reference: the labels read the paper only",
+                 "hand/curves: dir n/a (3 methods); iid n/a (1 method)", "Switches in force"):
+        assert line in hand, line
+    tiny = squash(pdf_pages(reported["tiny_pdf"].pdf)[0])
+    assert "Summary" in tiny and "Paper: tiny" in tiny and NOTICE in tiny
+    n_cells = len(reported["suite"].cells())
+    assert f"method.lr=0.05 (default 0.001): {n_cells} cell(s)" in tiny
+    assert f"method.local_epochs=1 (default 5): {n_cells} cell(s)" in tiny

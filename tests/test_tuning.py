@@ -320,3 +320,55 @@ def test_pruner_stops_a_planted_bad_trial_and_a_diverging_trial_does_not_stop_th
     assert results[0].best_trial in (0, 1, 4)
     tags = {r.data.tags["trial"]: r.data.tags for r in tuning_runs(mlstore, "prune")}
     assert tags["2"]["state"] == "PRUNED" and tags["3"]["failure_reason"].startswith("diverged")
+
+
+# -- nor do its normalisation statistics (issue 15, item 6) -------------------------------------------
+@pytest.mark.parametrize("protocol", ["unseen", "seen"])
+def test_tuning_pixel_statistics_ignore_test_clients_and_test_splits(monkeypatch, protocol):
+    """With ``data.normalize: pixel`` a tuning run's statistics, hence its score, are the same
+    when every test row (test clients, test splits) is blanked; a table run keeps the paper code's
+    whole-dataset statistics (``data.normalize_stats: auto``), which blanking does move."""
+    from dataclasses import replace
+
+    import torch
+
+    import pfl_core.experiment as experiment
+
+    base = copy.deepcopy(tiny_suite_dict()["base"])
+    base["data"].update(normalize="pixel", partition={"name": "iid"})
+    base["method"]["name"] = "fedavg_ft"
+    base["federation"]["rounds"] = 2
+    if protocol == "seen":
+        base["data"]["unseen_fraction"] = 0.0
+        base["evaluation"]["protocol"] = "seen"
+    table = validate_config({**base, "seed": 1000}, "test")
+    tuning_cfg, _ = tuning_config(table, TuneOptions())
+    forbidden = torch.tensor(sorted(_test_rows(tuning_cfg)))
+    original = experiment._cached_dataset
+
+    def blanked(*args):
+        dataset = original(*args)
+        x = dataset.x.clone()
+        x[forbidden] = 0
+        return replace(dataset, x=x)
+
+    def stats_and_score(config: dict, blank: bool):
+        with monkeypatch.context() as m:
+            if blank:
+                m.setattr(experiment, "_cached_dataset", blanked)
+            cfg = RunConfig.from_dict(config)
+            setup = experiment.prepare_run(cfg, torch.device("cpu"))
+            result = experiment.run_experiment(cfg, device="cpu")
+        return setup.fed.dataset.mean, setup.fed.dataset.std, result.metrics
+
+    mean, std, metrics = stats_and_score(tuning_cfg, blank=False)
+    mean_b, std_b, metrics_b = stats_and_score(tuning_cfg, blank=True)
+    assert len(forbidden) > 0
+    assert torch.equal(mean, mean_b) and torch.equal(std, std_b)
+    assert metrics == metrics_b
+    table_mean, _, _ = stats_and_score(table, blank=False)
+    table_mean_b, _, _ = stats_and_score(table, blank=True)
+    assert not torch.equal(table_mean, table_mean_b)  # the table run's statistics include test rows
+    assert not torch.equal(mean, table_mean)
+    with pytest.raises(SuiteError, match="normalize_stats"):
+        validate_config({**tuning_cfg, "data": {**tuning_cfg["data"], "normalize_stats": "dataset"}}, "here")

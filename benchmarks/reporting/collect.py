@@ -14,8 +14,8 @@ from benchmarks.reporting.metric import MetricSpec
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.tracking import Tracker
 
-COLUMNS = ["cell", "seed", "status", "value", "failure_reason", "offline_data", "config_hash",
-           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories"]
+COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "config_hash",
+           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients"]
 
 
 def history(tracker: Tracker, run_id: str, key: str) -> dict[int, float]:
@@ -24,14 +24,20 @@ def history(tracker: Tracker, run_id: str, key: str) -> dict[int, float]:
                                             key=lambda m: m.timestamp)}
 
 
-def run_value(metric: MetricSpec, final: dict[str, float], histories: dict[str, dict[int, float]]) -> float:
-    """One run's number in the metric's unit, by ``metric.aggregate`` (NaN if it was not logged)."""
+def run_value(metric: MetricSpec, final: dict[str, float], histories: dict[str, dict[int, float]],
+              aggregate: str | None = None) -> float:
+    """One run's number in the metric's unit, by ``aggregate`` (default ``metric.aggregate``; NaN
+    if it was not logged)."""
     from benchmarks.reporting.stats import best_val_round, per_seed_last3
 
-    if metric.aggregate == "last3_of_seed_mean_curve":
+    aggregate = aggregate or metric.aggregate
+    if aggregate == "max_over_rounds":
+        rounds = histories.get(metric.round_key) or {}
+        raw = max(rounds.values()) if rounds else math.nan
+    elif aggregate == "last3_of_seed_mean_curve":
         curve = histories.get(metric.curve_metric) or {}
         raw = per_seed_last3([curve[k] for k in sorted(curve)]) if curve else math.nan
-    elif metric.aggregate == "best_val_round":
+    elif aggregate == "best_val_round":
         pick = best_val_round(histories.get(metric.select_metric) or {}, histories.get(metric.key) or {})
         raw = math.nan if pick is None else pick.test
     else:
@@ -56,12 +62,14 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
         rows.append({
             "cell": spec.cell_id, "seed": spec.seed, "status": run.info.status,
             "value": run_value(metric, run.data.metrics, hists) if finished else math.nan,
+            "also": {a: run_value(metric, run.data.metrics, hists, a) if finished else math.nan for a in metric.also},
             "failure_reason": tags.get("failure_reason", ""),
             "offline_data": tags.get("offline_data") == "true",
             "config_hash": spec.config_hash, "end_time": run.info.end_time or 0,
             "wall_s": run.data.metrics.get("wall_s", math.nan),
             "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
             "device": tags.get("device", ""), "run_id": run.info.run_id, "histories": hists,
+            "short_train_clients": run.data.metrics.get("short_train_clients", math.nan),
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)

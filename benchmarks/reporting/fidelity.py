@@ -52,11 +52,27 @@ def model_switches(name: str, params: dict) -> list[str]:
     return out
 
 
+def mechanism(name: str, params: dict) -> list[str]:
+    """The method's own one-line account of what produced the cell (e.g. IFCA's shared or
+    independent cluster models), when its class has a ``mechanism(hp)``."""
+    cls = METHODS.get(name)
+    describe = getattr(cls, "mechanism", None)
+    return [describe(cls.hyper_class.from_dict(params))] if describe else []
+
+
+def warm_start(model: dict) -> list[str]:
+    """``model.warm_start=perfedavg -> fedavg -> ifca`` when the run starts from predecessors."""
+    steps = model.get("warm_start") or []
+    return [f"model.warm_start={' -> '.join(s['name'] for s in steps)}"] if steps else []
+
+
 def switches(config: dict) -> list[str]:
-    """Every non-default method hyperparameter and model parameter of one resolved config."""
+    """Every non-default method hyperparameter and model parameter of one resolved config, the
+    method's mechanism line and the warm-start chain."""
     method, model = config.get("method", {}), config.get("model", {})
-    return (method_switches(method["name"], method.get("params") or {})
-            + model_switches(model["name"], model.get("params") or {}))
+    params = method.get("params") or {}
+    return (method_switches(method["name"], params) + mechanism(method["name"], params)
+            + model_switches(model["name"], model.get("params") or {}) + warm_start(model))
 
 
 def deviations(profile: str, offline: bool) -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 from benchmarks.reporting.stats import spread  # noqa: E402
 from benchmarks.reporting.table import SuiteReport, column_label  # noqa: E402
 
-OURS, PAPER = "#1f77b4", "#bbbbbb"
+OURS, PAPER, CODE = "#1f77b4", "#bbbbbb", "#ff7f0e"
 
 
 def _columns(report: SuiteReport):
@@ -36,27 +36,34 @@ def _panels(n: int, width: float = 4.2, height: float = 3.2):
 
 
 def grouped_bars(report: SuiteReport):
-    """Per column a panel; per method ours (mean ± pm) beside the paper's (mean ± its ±)."""
+    """Per column a panel; per method ours (mean ± pm) beside the paper's (mean ± its ±) and, where
+    the suite has a code reference, the authors' code's (mean ± pm over its seeds)."""
     method = report.method_axis
     groups = _columns(report)
     fig, axes = _panels(len(groups))
     for ax, (_, g) in zip(axes, groups):
         x = np.arange(len(g))
-        has_paper = g["published_mean"].notna().any()
-        shift = 0.2 if has_paper else 0.0
-        ax.bar(x - shift, g["mean"].fillna(0), 0.4, yerr=_err(g["pm"]), color=OURS, label="ours", capsize=3)
-        if has_paper:
-            ax.bar(x + shift, g["published_mean"].fillna(0), 0.4, yerr=_err(g["published_pm"]), color=PAPER,
-                   label="paper", capsize=3, hatch="//", edgecolor="#666666")
+        bars = [("ours", "mean", "pm", {"color": OURS})]
+        if g["published_mean"].notna().any():
+            bars.append(("paper", "published_mean", "published_pm",
+                         {"color": PAPER, "hatch": "//", "edgecolor": "#666666"}))
         else:
             ax.text(0.5, 0.97, "the paper prints no numbers here", transform=ax.transAxes, ha="center",
                     va="top", fontsize=7, color="#666666")
+        if "code_mean" in g and g["code_mean"].notna().any():
+            bars.append(("authors' code", "code_mean", "code_pm", {"color": CODE, "hatch": "..",
+                                                                  "edgecolor": "#444444"}))
+        width = 0.8 / len(bars)
+        for k, (name, mean, pm, style) in enumerate(bars):
+            offset = (k - (len(bars) - 1) / 2) * width
+            ax.bar(x + offset, g[mean].fillna(0), width, yerr=_err(g[pm]), label=name, capsize=3, **style)
         labels = g[method] if method else g.apply(lambda r: column_label(r, report.axes), axis=1)
         ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=8)
         ax.set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
         ax.set_ylabel(report.metric.label, fontsize=7)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{report.suite.key}: ours vs paper (error bars: ±{report.metric.pm})", fontsize=10)
+    code = " and the authors' code" if report.has_code_reference else ""
+    fig.suptitle(f"{report.suite.key}: ours vs paper{code} (error bars: ±{report.metric.pm})", fontsize=10)
     fig.tight_layout()
     return fig
 

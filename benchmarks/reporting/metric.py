@@ -9,7 +9,8 @@ Keys (all but ``key`` optional)::
       averaging: "..."          # free text: how the paper averaged over clients and seeds
       pm: std                   # the paper's +-: std | sem | none ...
       ddof: 0                   # ... with this ddof (applied to our seeds too)
-      aggregate: final          # final | last3_of_seed_mean_curve | best_val_round
+      aggregate: final          # final | last3_of_seed_mean_curve | best_val_round | max_over_rounds
+      also: [max_over_rounds]   # further aggregates, each shown as one more column beside "ours"
       curve_metric: curve/acc   # last3_of_seed_mean_curve: the per-step fine-tuning curve
       select_metric: round/val_acc_weighted  # best_val_round: the validation history selected on
       tolerance: 1.0            # absolute (metric units) where the paper gives no spread
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from benchmarks.suite import Suite, SuiteError
 
-AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round")
+AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round", "max_over_rounds")
 FIGURES = ("table", "bars", "curves", "line")
 
 
@@ -41,15 +42,21 @@ class MetricSpec:
     tolerance: float | None = None
     figure: str = "table"
     x_axis: str | None = None
+    also: tuple[str, ...] = ()
+    """Further aggregates of the same runs, each shown as one more column (e.g. ``max_over_rounds``
+    beside ``final``: pFedMe's convention next to the last round)."""
+
+    @property
+    def round_key(self) -> str:
+        """The per-round history of ``key`` (``max_over_rounds``)."""
+        return self.key if self.key.startswith("round/") else f"round/{self.key}"
 
     @property
     def history_keys(self) -> list[str]:
-        """The metric histories a run must be read with (none for ``final``)."""
-        if self.aggregate == "last3_of_seed_mean_curve":
-            return [self.curve_metric]
-        if self.aggregate == "best_val_round":
-            return [self.key, self.select_metric]
-        return []
+        """The metric histories a run must be read with (none for ``final``), for every aggregate."""
+        keys = {"last3_of_seed_mean_curve": [self.curve_metric], "best_val_round": [self.key, self.select_metric],
+                "max_over_rounds": [self.round_key], "final": []}
+        return list(dict.fromkeys(k for agg in (self.aggregate, *self.also) for k in keys[agg]))
 
     def describe(self) -> str:
         """One sentence on how a cell's number is computed (for the table legend)."""
@@ -62,8 +69,12 @@ class MetricSpec:
             "best_val_round": (
                 f"`{self.key}` at the round with the best `{self.select_metric}` per seed, mean over "
                 "seeds (MetaVers spec, \"Evaluation protocol\")"),
+            "max_over_rounds": (
+                f"the maximum over the logged rounds of `{self.round_key}` per seed, mean over seeds "
+                "(the pFedMe code's convention)"),
         }[self.aggregate]
-        return f"{how}; ours shown as mean ± {self.pm} (ddof={self.ddof}), the paper's convention"
+        also = "".join(f"; column \"ours ({a})\": the same runs aggregated by `{a}`" for a in self.also)
+        return f"{how}; ours shown as mean ± {self.pm} (ddof={self.ddof}), the paper's convention{also}"
 
 
 def metric_spec(suite: Suite) -> MetricSpec:
@@ -80,7 +91,11 @@ def metric_spec(suite: Suite) -> MetricSpec:
     tol = raw.get("tolerance")
     if tol is not None and (not isinstance(tol, (int, float)) or tol < 0 or math.isnan(tol)):
         raise SuiteError(f"{where}.tolerance: expected a non-negative number, got {tol!r}")
+    also = raw.get("also") or []
+    if not isinstance(also, list) or any(a not in AGGREGATES for a in also):
+        raise SuiteError(f"{where}.also: {also!r}; expected a list of aggregates from {list(AGGREGATES)}")
     fields = {k: raw[k] for k in MetricSpec.__dataclass_fields__ if k in raw}
+    fields["also"] = tuple(also)
     fields.update(scale=float(raw["scale"]), ddof=int(raw["ddof"]),
                   tolerance=None if tol is None else float(tol))
     return MetricSpec(**fields)

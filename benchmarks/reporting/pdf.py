@@ -1,6 +1,8 @@
-"""One PDF per paper (matplotlib's PdfPages, no TeX): a title page, then per suite its table with
-verdicts, conclusions, figures, fidelity switches and exact setup. When any suite's numbers are not
-comparable with the paper (non-paper profile, offline data), every page carries a red notice."""
+"""One PDF per paper (matplotlib's PdfPages, no TeX): a first page with the title and the summary
+(:mod:`.summary`), then per suite its table with the legend, verdicts and conclusions below it (on a
+page of their own when they do not fit), figures, fidelity switches and exact setup. When any
+suite's numbers are not comparable with the paper (non-paper profile, offline data), every page
+carries a red notice."""
 from __future__ import annotations
 
 import datetime as dt
@@ -15,7 +17,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from benchmarks.reporting import fidelity  # noqa: E402
+from benchmarks.reporting import extras, fidelity, summary  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
 
@@ -23,6 +25,10 @@ PAGE = (11.69, 8.27)  # A4 landscape, inches
 ROWS_PER_PAGE = 24
 LINES_PER_PAGE = 44
 WRAP = 150
+LINE_H = 7.5 * 1.35 / 72 / PAGE[1]  # one text line of text_pages, in figure height
+TABLE_TOP, TABLE_H, ROW_H = 0.78, 0.70, 0.04  # the table's axes (figure) and row height (axes)
+BOTTOM = 0.07
+SUMMARY_LINE_H = 9 * 1.35 / 72 / PAGE[1]
 
 
 def _plain(line: str) -> str:
@@ -55,8 +61,12 @@ class ReportPdf:
         plt.close(fig)
         self.pages.append(title)
 
+    @staticmethod
+    def wrap(lines: list[str]) -> list[str]:
+        return [w for line in lines for w in (textwrap.wrap(_plain(line), WRAP, subsequent_indent="    ") or [""])]
+
     def text_pages(self, title: str, lines: list[str], mono: bool = False) -> None:
-        wrapped = [w for line in lines for w in (textwrap.wrap(_plain(line), WRAP, subsequent_indent="    ") or [""])]
+        wrapped = self.wrap(lines)
         chunks = [wrapped[i:i + LINES_PER_PAGE] for i in range(0, len(wrapped), LINES_PER_PAGE)] or [[]]
         for k, chunk in enumerate(chunks):
             name = title if k == 0 else f"{title} (cont.)"
@@ -71,25 +81,36 @@ class ReportPdf:
         figure.text(0.04, 0.93, title, fontsize=14, weight="bold")
         self.save(figure, title)
 
-    def table_pages(self, title: str, intro: list[str], header: list[str], rows: list[list[str]]) -> None:
+    def table_pages(self, title: str, intro: list[str], header: list[str], rows: list[list[str]],
+                    below: list[str] = ()) -> bool:
+        """The table, ROWS_PER_PAGE rows a page; ``below`` (the legend and conclusions) goes under
+        the last rows when it fits there. Returns whether it did (else the caller gives it a page)."""
         chunks = [rows[i:i + ROWS_PER_PAGE] for i in range(0, len(rows), ROWS_PER_PAGE)] or [[]]
+        folded = False
         for k, chunk in enumerate(chunks):
             name = title if k == 0 else f"{title} (cont.)"
             fig = self.new_page(name)
             text = "\n".join(w for line in intro for w in textwrap.wrap(_plain(line), 170))
             fig.text(0.04, 0.895, text, fontsize=8, va="top")
-            ax = fig.add_axes([0.04, 0.08, 0.92, 0.70])
+            ax = fig.add_axes([0.04, TABLE_TOP - TABLE_H, 0.92, TABLE_H])
             ax.axis("off")
             if chunk:
                 table = ax.table(cellText=chunk, colLabels=header, loc="upper center", cellLoc="left")
                 table.auto_set_font_size(False)
-                table.set_fontsize(9)
+                table.set_fontsize(9 if len(header) <= 10 else 7)
                 table.auto_set_column_width(list(range(len(header))))
                 for (r, _), cell in table.get_celld().items():
-                    cell.set_height(0.04)
+                    cell.set_height(ROW_H)
                     if r == 0:
                         cell.set_facecolor("#e8e8e8")
+            if k == len(chunks) - 1 and below:
+                wrapped = self.wrap(list(below))
+                top = TABLE_TOP - (len(chunk) + 1) * ROW_H * TABLE_H - 0.025
+                if len(wrapped) * LINE_H <= top - BOTTOM:
+                    fig.text(0.04, top, "\n".join(wrapped), fontsize=7.5, va="top", linespacing=1.35)
+                    folded = True
             self.save(fig, name)
+        return folded
 
     def close(self) -> None:
         self.pdf.close()
@@ -138,6 +159,7 @@ def fidelity_lines(report: SuiteReport) -> list[str]:
     notes = report.suite.raw.get("notes")
     if notes:
         lines += ["", "Suite notes:"] + [f"  {line}" for line in str(notes).strip().splitlines()]
+    lines += extras.markdown_lines(report)
     lines += ["", "Fidelity switches per cell (non-default method hyperparameters and model parameters):"]
     for _, r in report.table.iterrows():
         lines.append(f"  - {'/'.join(str(r[a]) for a in report.axes)}: {r['switches'] or 'defaults (paper values)'}")
@@ -155,11 +177,11 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
              f"Metric: {report.metric.key} ({report.metric.label}), x{report.metric.scale:g}, "
              f"profile {report.profile}. Cell value: {report.metric.describe()}. {report.metric.averaging}"]
     header, rows = table_rows(report)
-    doc.table_pages(title, [i for i in intro if i], header, rows)
-    doc.text_pages(f"{title}: verdicts and conclusions",
-                   ["Legend (verdicts and the rule applied per cell, column 'bound (rule)'):"] + legend_lines(report)
-                   + ["", "Does the paper's conclusion hold? (best method per column; Kendall tau of the "
-                      "method orderings, ours vs paper)"] + conclusion_lines(report))
+    verdicts = (["Legend (verdicts and the rule applied per cell, column 'bound (rule)'):"] + legend_lines(report)
+                + ["", "Does the paper's conclusion hold? (best method per column; Kendall tau of the "
+                   "method orderings, ours vs paper)"] + conclusion_lines(report))
+    if not doc.table_pages(title, [i for i in intro if i], header, rows, verdicts):
+        doc.text_pages(f"{title}: verdicts and conclusions", verdicts)
     names = {"bars": "ours vs paper", "diff": "difference to the paper", "figure": "reproduced figure"}
     for key, figure in figures.items():
         doc.figure_page(f"{title}: {names.get(key, key)}", figure)
@@ -167,17 +189,46 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
 
 
+def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning: str) -> None:
+    """Page 1: the title lines, then the summary: verdict counts per table, the labels, Kendall's
+    tau per table and the switches in force (:mod:`.summary`), cut to fit one page."""
+    fig = doc.new_page(f"Reproduction report: {paper}")
+    lines = title_lines(paper, reports)
+    fig.text(0.04, 0.885, "\n".join(lines), fontsize=9, va="top", linespacing=1.45)
+    y = 0.885 - len(lines) * 9 * 1.45 / 72 / PAGE[1] - 0.02
+    if warning:
+        wrapped = textwrap.wrap(warning, 150)
+        fig.text(0.04, y, "\n".join(wrapped), fontsize=9, color="#b00020", weight="bold", va="top")
+        y -= len(wrapped) * 9 * 1.3 / 72 / PAGE[1] + 0.015
+    fig.text(0.04, y, "Summary", fontsize=12, weight="bold", va="top")
+    y -= 0.035
+    rows = summary.count_rows(reports)
+    height = (len(rows) + 1) * 0.028
+    ax = fig.add_axes([0.04, y - height, 0.92, height])
+    ax.axis("off")
+    table = ax.table(cellText=rows, colLabels=summary.HEADER, loc="upper center", cellLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.auto_set_column_width(list(range(len(summary.HEADER))))
+    for (r, _), cell in table.get_celld().items():
+        if r == 0:
+            cell.set_facecolor("#e8e8e8")
+    y -= height + 0.02
+    text = [w for line in summary.label_lines(reports) + summary.tau_lines(reports) + summary.switch_lines(reports)
+            for w in textwrap.wrap(_plain(line), 125, subsequent_indent="    ")]
+    room = int((y - BOTTOM) / SUMMARY_LINE_H)
+    if len(text) > room:
+        text = text[:max(room - 1, 0)] + ["... (cut to fit one page: each table's pages give the rest)"]
+    fig.text(0.04, y, "\n".join(text), fontsize=9, va="top", linespacing=1.35)
+    doc.save(fig, "summary")
+
+
 def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[dict]) -> list[str]:
     """Render the paper's PDF; return the page titles."""
     warnings = sorted({notice(r).replace("`", "") for r in reports if notice(r)})
     warning = " ".join(warnings) if warnings else ""
     doc = ReportPdf(path, paper, warning)
-    fig = doc.new_page(f"Reproduction report: {paper}")
-    lines = title_lines(paper, reports)
-    fig.text(0.04, 0.86, "\n".join(lines), fontsize=11, va="top", linespacing=1.8)
-    if warning:
-        fig.text(0.04, 0.35, "\n".join(textwrap.wrap(warning, 110)), fontsize=12, color="#b00020", weight="bold", va="top")
-    doc.save(fig, "title")
+    summary_page(doc, paper, reports, warning)
     for i, (report, figs) in enumerate(zip(reports, figures), start=1):
         suite_section(doc, i, report, figs)
     doc.close()

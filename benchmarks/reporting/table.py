@@ -1,18 +1,23 @@
-"""Per cell: our statistic computed the paper's way, the published value, the verdict, switches."""
+"""Per cell: our statistic computed the paper's way, the published value, the authors' code's value
+(when the suite has one), a verdict against each, the plain-words label, switches.
+
+A table row is a flat dict; each reference contributes its own group of columns (``published_*``,
+``code_*``), so a new per-cell quantity is one more group merged in :func:`summarise` and one more
+:class:`benchmarks.reporting.text.Column`."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
-from benchmarks.reporting import fidelity
+from benchmarks.reporting import extras, fidelity
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
 from benchmarks.reporting.stats import last3_of_seed_mean_curve, sem, spread
-from benchmarks.reporting.verdict import decide, paper_sem
+from benchmarks.reporting.verdict import Verdict, decide, label, paper_sem
 from benchmarks.suite import RunSpec, Suite, cell_id
 from benchmarks.tracking import Tracker
 
@@ -46,6 +51,11 @@ class SuiteReport:
     def column_axes(self) -> list[str]:
         return [a for a in self.axes if a != self.method_axis]
 
+    @property
+    def has_code_reference(self) -> bool:
+        """Whether any cell has values from a re-run of the authors' code (issue 17)."""
+        return bool(self.suite.code_references)
+
 
 def method_axis(suite: Suite) -> str | None:
     """The grid axis that names the method: called ``method`` or setting ``method.name``."""
@@ -65,11 +75,12 @@ def cell_statistics(metric: MetricSpec, done: pd.DataFrame) -> dict:
     stats = {"mean": float(values.mean()) if len(values) else math.nan,
              "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
              "sem": sem(values), "pm": spread(values, metric.pm, metric.ddof)}
+    curves = []
     if metric.aggregate == "last3_of_seed_mean_curve" and len(done):
         curves = [[h[k] for k in sorted(h)] for h in (r.get(metric.curve_metric) or {} for r in done["histories"])]
         curves = [[v * metric.scale for v in c] for c in curves if c]
         stats["mean"], stats["pm"] = last3_of_seed_mean_curve(curves, metric.pm, metric.ddof)
-    return stats
+    return {**stats, **extras.literal_statistics(metric, curves), "short_train_clients": extras.short_clients_text(done)}
 
 
 def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: int,
@@ -89,11 +100,20 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
         failed = mine[mine["status"] == "FAILED"]
         reasons = "; ".join(sorted(set(failed["failure_reason"])))
         stats = cell_statistics(metric, done)
+        for agg in metric.also:  # one more mean and spread per extra aggregate
+            extra = cell_statistics(replace(metric, aggregate=agg), done.assign(value=[a[agg] for a in done["also"]]))
+            stats.update({f"mean_{agg}": extra["mean"], f"pm_{agg}": extra["pm"]})
         pub = published.get(key, {})
         se_pub = paper_sem(pub.get("pm"), pub.get("pm_kind"), pub.get("runs"), metric.ddof)
-        v = decide(finished=len(done), expected=expected, failed=len(failed), ours=stats["mean"],
-                   se_ours=stats["sem"], paper=pub.get("mean"), se_paper=se_pub,
-                   tolerance=metric.tolerance, failure_reason=reasons)
+
+        def against(reference: float | None, se_reference: float) -> Verdict:
+            return decide(finished=len(done), expected=expected, failed=len(failed), ours=stats["mean"],
+                          se_ours=stats["sem"], paper=reference, se_paper=se_reference,
+                          tolerance=metric.tolerance, failure_reason=reasons)
+
+        v = against(pub.get("mean"), se_pub)
+        code_ref = suite.code_references.get(key)
+        code, code_verdict = code_fields(metric, code_ref, against)
         rows.append({
             **cell, "n_seeds": len(done), "expected_seeds": expected, "failed": len(failed), **stats,
             "published_mean": pub.get("mean", math.nan), "published_pm": pub.get("pm", math.nan),
@@ -106,8 +126,27 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             "tuned": key in tuned,
             "tuned_source": (f"study {tuned[key].get('study', '?')}, trial {tuned[key].get('trial', '?')}"
                              if key in tuned else ""),
+            **code, "label": label(v, code_verdict),
         })
     return pd.DataFrame(rows)
+
+
+CODE_COLUMNS = ("code_mean", "code_pm", "code_sem", "code_seeds", "code_source", "code_diff", "code_bound",
+                "code_rule", "code_verdict", "code_verdict_detail")
+
+
+def code_fields(metric: MetricSpec, ref, against) -> tuple[dict, Verdict | None]:
+    """The ``code_*`` columns of one cell: the authors' code's values (mean, the paper-convention
+    spread, SEM with ddof 1, number of seeds, source) and our verdict against them by the same rule
+    as against the paper (``against(mean, se)``); with that verdict (None without a reference)."""
+    if ref is None:
+        return {**dict.fromkeys(CODE_COLUMNS, math.nan), "code_source": "", "code_rule": "",
+                "code_verdict": "", "code_verdict_detail": ""}, None
+    v = against(ref.mean, sem(ref.values))
+    return {"code_mean": ref.mean, "code_pm": spread(ref.values, metric.pm, metric.ddof),
+            "code_sem": sem(ref.values), "code_seeds": len(ref.values), "code_source": ref.short,
+            "code_diff": v.diff, "code_bound": v.bound, "code_rule": v.rule, "code_verdict": v.verdict,
+            "code_verdict_detail": v.detail}, v
 
 
 def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame) -> list[Conclusion]:

@@ -1,13 +1,20 @@
-"""Tables as text: Markdown (GitHub), LaTeX (booktabs) and the tidy CSV."""
+"""Tables as text: Markdown (GitHub), LaTeX (booktabs) and the tidy CSV.
+
+The Markdown and PDF tables share :data:`COLUMNS` (after the grid's axes): a new column is one
+:class:`Column` appended there; a new footnote is one function appended to :data:`LEGEND_PARTS`.
+"""
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from typing import Callable
 
 import pandas as pd
 
+from benchmarks.reporting import extras
 from benchmarks.reporting.table import SuiteReport, column_label
-from benchmarks.reporting.verdict import LEGEND, PARTIAL, RULES, VERDICTS
+from benchmarks.reporting.verdict import LABEL_RULE, LEGEND, PARTIAL, RULES, VERDICTS
 
 
 def isnan(x) -> bool:
@@ -25,12 +32,18 @@ def seeds_text(row) -> str:
     return text + (f" ({row['failed']} failed)" if row["failed"] else "")
 
 
-def bound_text(row) -> str:
-    return "—" if isnan(row["bound"]) else f"±{row['bound']:.2f} ({row['rule']})"
+def diff_text(diff) -> str:
+    return "—" if isnan(diff) else f"{diff:+.2f}"
 
 
-def verdict_text(row) -> str:
-    return f"{row['verdict']} {row['verdict_detail']}" if row["verdict"] == PARTIAL else row["verdict"]
+def bound_text(row, prefix: str = "") -> str:
+    bound = row[f"{prefix}bound"]
+    return "—" if isnan(bound) else f"±{bound:.2f} ({row[f'{prefix}rule']})"
+
+
+def verdict_text(row, prefix: str = "") -> str:
+    verdict = row[f"{prefix}verdict"]
+    return f"{verdict} {row[f'{prefix}verdict_detail']}" if verdict == PARTIAL else (verdict or "—")
 
 
 def notice(report: SuiteReport) -> str:
@@ -43,32 +56,109 @@ def notice(report: SuiteReport) -> str:
     return f"Not comparable with the paper: {'; '.join(why)}." if why else ""
 
 
+def always(_report: SuiteReport) -> bool:
+    return True
+
+
+def with_code_reference(report: SuiteReport) -> bool:
+    return report.has_code_reference
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the Markdown/PDF table: its header, its text per cell row, and whether a
+    report shows it (e.g. the code-reference columns only where the suite has such values)."""
+
+    header: str
+    text: Callable[[pd.Series], str]
+    shown: Callable[[SuiteReport], bool] = always
+
+
+COLUMNS: list[Column] = [
+    Column("seeds", seeds_text),
+    Column("ours", lambda r: fmt(r["mean"], r["pm"])),
+    Column("paper", lambda r: fmt(r["published_mean"], r["published_pm"])),
+    Column("diff", lambda r: diff_text(r["diff"])),
+    Column("bound (rule)", bound_text),
+    Column("verdict", verdict_text),
+    Column("code ref", lambda r: fmt(r["code_mean"], r["code_pm"])
+           + ("" if isnan(r["code_seeds"]) else f" ({int(r['code_seeds'])} seed{'s' * (r['code_seeds'] != 1)})"),
+           with_code_reference),
+    Column("diff (code)", lambda r: diff_text(r["code_diff"]), with_code_reference),
+    Column("bound (code)", lambda r: bound_text(r, "code_"), with_code_reference),
+    Column("verdict (code)", lambda r: verdict_text(r, "code_"), with_code_reference),
+    Column("label", lambda r: r["label"], with_code_reference),
+]
+
+
+def also_columns(report: SuiteReport) -> list[Column]:
+    """``ours (<aggregate>)`` for each of the suite's ``metric.also`` (e.g. ``max_over_rounds``)."""
+    return [Column(f"ours ({a})", lambda r, a=a: fmt(r[f"mean_{a}"], r[f"pm_{a}"])) for a in report.metric.also]
+
+
+def cell_name(report: SuiteReport, row) -> str:
+    return "/".join(str(row[a]) for a in report.axes)
+
+
 def table_rows(report: SuiteReport) -> tuple[list[str], list[list[str]]]:
-    """Header and rows shared by Markdown and the PDF."""
-    header = report.axes + ["seeds", "ours", "paper", "diff", "bound (rule)", "verdict"]
+    """Header and rows shared by Markdown and the PDF: the axes, then every shown :data:`COLUMNS`,
+    with the suite's extra aggregates (``metric.also``) right after ours."""
+    columns = []
+    for column in COLUMNS:
+        if column.shown(report):
+            columns.append(column)
+            if column.header == "ours":
+                columns += also_columns(report)
+    header = report.axes + [c.header for c in columns]
     rows = []
     for _, r in report.table.iterrows():
-        diff = "—" if isnan(r["diff"]) else f"{r['diff']:+.2f}"
         labels = [str(r[a]) for a in report.axes]
         if r.get("tuned"):
             labels[-1] += " †"
-        rows.append(labels
-                    + [seeds_text(r), fmt(r["mean"], r["pm"]), fmt(r["published_mean"], r["published_pm"]),
-                       diff, bound_text(r), verdict_text(r)])
+        rows.append(labels + [c.text(r) for c in columns])
     return header, rows
 
 
-def legend_lines(report: SuiteReport) -> list[str]:
-    used = set(report.table["verdict"])
-    rules = sorted(set(report.table["rule"]) - {""})
-    lines = [f"- **{v}**: {LEGEND[v]}" for v in VERDICTS if v in used]
-    lines += [f"- rule **{r}**: {RULES[r]}" for r in rules]
+def verdict_legend(report: SuiteReport) -> list[str]:
+    table = report.table
+    used = set(table["verdict"]) | (set(table["code_verdict"]) if "code_verdict" in table else set())
+    rules = sorted((set(table["rule"]) | set(table.get("code_rule", []))) - {""})
+    return ([f"- **{v}**: {LEGEND[v]}" for v in VERDICTS if v in used]
+            + [f"- rule **{r}**: {RULES[r]}" for r in rules])
+
+
+def tuned_legend(report: SuiteReport) -> list[str]:
     tuned = report.table[report.table["tuned"]] if "tuned" in report.table else report.table.iloc[:0]
-    if not tuned.empty:
-        lines.append("- **†**: the cell ran with values found by `pflbench tune` (on validation data), "
-                     "not the paper's: " + "; ".join(f"{'/'.join(str(r[a]) for a in report.axes)} "
-                                                     f"({r['tuned_source']})" for _, r in tuned.iterrows()))
+    if tuned.empty:
+        return []
+    return ["- **†**: the cell ran with values found by `pflbench tune` (on validation data), not the "
+            "paper's: " + "; ".join(f"{cell_name(report, r)} ({r['tuned_source']})" for _, r in tuned.iterrows())]
+
+
+def code_reference_legend(report: SuiteReport) -> list[str]:
+    """What the code-reference column is, where its values come from, and the comparison rule."""
+    if not report.has_code_reference:
+        return []
+    lines = ["- **code ref**: a second reference beside the paper: the values a re-run of the authors' "
+             "released code gave (mean ± the paper's spread convention over its seeds), from the suite's "
+             "`code_reference`; the provenance of each:"]
+    for ref in report.suite.code_references.values():
+        lines.append(f"  - {'/'.join(ref.cell.values())}: {ref.describe()}")
+    lines += ["- method note: ours vs the code reference uses the same rule as ours vs the paper (two "
+              "combined standard errors, rule 2SE): the code's SE is the SEM (ddof 1) of its per-seed values; "
+              "with one seed of the code, its SE is unknown and the rule falls back as for a paper without "
+              "spread (tol, else 2SE(ours)). The code's seeds are not ours (its seed also draws the partition "
+              "and it does not seed its initial model): two distributions are compared, never seed by seed.",
+              f"- {LABEL_RULE}"]
     return lines
+
+
+#: footnotes under the table, in order; each takes the report and returns Markdown lines
+LEGEND_PARTS: list[Callable[[SuiteReport], list[str]]] = [verdict_legend, code_reference_legend, tuned_legend]
+
+
+def legend_lines(report: SuiteReport) -> list[str]:
+    return [line for part in LEGEND_PARTS for line in part(report)]
 
 
 def conclusion_lines(report: SuiteReport) -> list[str]:
@@ -97,15 +187,15 @@ def render_markdown(report: SuiteReport) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "Legend:", ""] + legend_lines(report)
     lines += ["", "Does the paper's conclusion hold?", ""] + conclusion_lines(report)
+    lines += extras.markdown_lines(report)
     switched = report.table[report.table["switches"] != ""]
     if not switched.empty:
         lines += ["", "Fidelity switches (non-default hyperparameters) per cell:", ""]
-        lines += [f"- {'/'.join(str(r[a]) for a in report.axes)}: {r['switches']}" for _, r in switched.iterrows()]
+        lines += [f"- {cell_name(report, r)}: {r['switches']}" for _, r in switched.iterrows()]
     failures = report.table[report.table["failure_reason"] != ""]
     if not failures.empty:
         lines += ["", "Failed runs:", ""]
-        lines += [f"- {'/'.join(str(r[a]) for a in report.axes)}: {r['failure_reason']}"
-                  for _, r in failures.iterrows()]
+        lines += [f"- {cell_name(report, r)}: {r['failure_reason']}" for _, r in failures.iterrows()]
     return "\n".join(lines) + "\n"
 
 
@@ -122,6 +212,7 @@ LATEX_SPECIAL = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{"
                  "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}"}
 LATEX_MARK = {"reproduced": "", "above": r"$^{\uparrow}$", "below": r"$^{\downarrow}$",
               "partial": r"$^{p}$", "undecided": r"$^{?}$"}
+CODE_MARK = {**LATEX_MARK, "reproduced": r"$^{=}$"}
 
 
 def tex(text) -> str:
@@ -142,18 +233,23 @@ def _best(values: pd.Series) -> float:
 
 def render_latex(report: SuiteReport) -> str:
     """A booktabs table: one row per method, per column (non-method axes) ours and paper side by
-    side, the best of each side per column in bold, a verdict mark after ours."""
+    side (and the authors' code where the suite has a code reference), the best of ours and of the
+    paper per column in bold, a verdict mark after ours (vs the paper) and after the code's value
+    (ours vs the code)."""
     method = report.method_axis
     table = report.table
+    code = report.has_code_reference
+    sides = 3 if code else 2
     columns = report.column_axes if method else report.axes
     groups = list(table.groupby(columns, sort=False)) if columns else [((), table)]
     methods = list(dict.fromkeys(table[method])) if method else ["value"]
-    spec = "l" + "rr" * len(groups)
+    spec = "l" + "r" * sides * len(groups)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", f"\\begin{{tabular}}{{{spec}}}", r"\toprule"]
-    heads = [f"\\multicolumn{{2}}{{c}}{{{tex(column_label(g.iloc[0], columns))}}}" for _, g in groups]
+    heads = [f"\\multicolumn{{{sides}}}{{c}}{{{tex(column_label(g.iloc[0], columns))}}}" for _, g in groups]
     lines.append(" & ".join([""] + heads) + r" \\")
-    lines.append("".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(len(groups))))
-    lines.append(" & ".join([tex(method or "")] + ["Ours & Paper"] * len(groups)) + r" \\")
+    lines.append("".join(f"\\cmidrule(lr){{{2 + sides * i}-{1 + sides * (i + 1)}}}" for i in range(len(groups))))
+    sides_head = "Ours & Paper" + (" & Code" if code else "")
+    lines.append(" & ".join([tex(method or "")] + [sides_head] * len(groups)) + r" \\")
     lines.append(r"\midrule")
     for m in methods:
         cells = [tex(m)]
@@ -166,6 +262,9 @@ def render_latex(report: SuiteReport) -> str:
             paper = _tex_value(row["published_mean"], row["published_pm"],
                                row["published_mean"] == _best(g["published_mean"]))
             cells += [ours, paper]
+            if code:
+                theirs = _tex_value(row["code_mean"], row["code_pm"], False)
+                cells.append(theirs + (CODE_MARK.get(row["code_verdict"], "") if theirs != "--" else ""))
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     caption = (f"{tex(report.suite.raw.get('table', report.suite.name))}: {tex(report.metric.label)}. "
@@ -173,6 +272,12 @@ def render_latex(report: SuiteReport) -> str:
                f"profile {tex(report.profile)}. Bold: best per column and side. "
                r"$^{\uparrow}$/$^{\downarrow}$: above/below the paper beyond two combined standard "
                r"errors (or the tolerance); $^{p}$: partial seeds; no mark: reproduced or no reference.")
+    if code:
+        sources = sorted({ref.short for ref in report.suite.code_references.values()})
+        caption += (" Code: a re-run of the authors' released code (" + tex(", ".join(sources))
+                    + r"), mean $\pm$ " + tex(report.metric.pm) + r" over its seeds; the mark after it "
+                    r"compares ours with it by the same rule: $^{=}$ matches, $^{\uparrow}$/$^{\downarrow}$ "
+                    r"ours above/below it.")
     if notice(report):
         caption += " " + tex(notice(report).replace("`", ""))
     lines += [f"\\caption{{{caption}}}", f"\\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', report.suite.key)}}}",

@@ -15,6 +15,10 @@ Pure: numbers in, a :class:`Verdict` out. The rule, in order:
      without a tolerance, 2 * se_ours when we have two seeds or more; else ``undecided``.
 
    ``reproduced`` when |d| <= bound (the edge counts as reproduced), else ``above`` or ``below``.
+
+The same rule compares ours with a second reference, a re-run of the authors' code
+(:mod:`benchmarks.code_reference`): its per-seed values are known, so its SE is their SEM (ddof 1)
+and its spread needs no conversion. :func:`label` puts the two verdicts into plain words.
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ LEGEND = {
     UNDECIDED: "the paper gives no spread, the suite no tolerance, and we have one seed",
 }
 RULES = {
-    "2SE": "2·√(SE_ours² + SE_paper²), SE = std/√n with the paper's ± converted by its kind and runs",
-    "2SE*": "2·SE_paper only: one seed, our SE unknown",
-    "tol": "the suite's absolute metric.tolerance (the paper gives no spread)",
-    "2SE(ours)": "2·SE_ours: the paper gives no spread and the suite no tolerance",
+    "2SE": "2·√(SE_ours² + SE_ref²), SE = std/√n; the paper's ± converted by its kind and runs, the "
+           "authors' code's SE the SEM (ddof 1) of its per-seed values",
+    "2SE*": "2·SE_ref only: one seed of ours, our SE unknown",
+    "tol": "the suite's absolute metric.tolerance (the reference gives no spread)",
+    "2SE(ours)": "2·SE_ours: the reference gives no spread and the suite no tolerance",
 }
 
 
@@ -51,6 +56,8 @@ class Verdict:
     bound: float = math.nan
     diff: float = math.nan
     detail: str = ""
+    compared: str = ""
+    """The comparison alone (reproduced/above/below/undecided/no reference), also for ``partial``."""
 
 
 def _finite(x: float | None) -> bool:
@@ -85,10 +92,9 @@ def compare(ours: float, se_ours: float, paper: float, se_paper: float,
     elif _finite(se_ours):
         rule, bound = "2SE(ours)", 2.0 * se_ours
     else:
-        return Verdict(UNDECIDED, "", math.nan, diff, "no spread on either side and no tolerance")
-    if abs(diff) <= bound:
-        return Verdict(REPRODUCED, rule, bound, diff)
-    return Verdict(ABOVE if diff > 0 else BELOW, rule, bound, diff)
+        return Verdict(UNDECIDED, "", math.nan, diff, "no spread on either side and no tolerance", UNDECIDED)
+    kind = REPRODUCED if abs(diff) <= bound else (ABOVE if diff > 0 else BELOW)
+    return Verdict(kind, rule, bound, diff, compared=kind)
 
 
 def decide(*, finished: int, expected: int, failed: int, ours: float, se_ours: float,
@@ -99,9 +105,44 @@ def decide(*, finished: int, expected: int, failed: int, ours: float, se_ours: f
         if failed == 0:
             return Verdict(NOT_RUN)
         return Verdict(FAILED, detail=failure_reason or "no reason recorded")
-    result = compare(ours, se_ours, paper, se_paper, tolerance) if _finite(paper) else Verdict(NO_REFERENCE)
+    result = (compare(ours, se_ours, paper, se_paper, tolerance) if _finite(paper)
+              else Verdict(NO_REFERENCE, compared=NO_REFERENCE))
     if finished < expected:
         extra = f"; {failed} failed: {failure_reason}" if failed else ""
         return Verdict(PARTIAL, result.rule, result.bound, result.diff,
-                       f"{finished}/{expected} ({result.verdict}){extra}")
+                       f"{finished}/{expected} ({result.verdict}){extra}", result.compared)
     return result
+
+
+# ---------------------------------------------------------------- plain-words labels (issue 17)
+
+PAPER_WORDS = {REPRODUCED: "reproduces the paper", ABOVE: "above the paper", BELOW: "below the paper",
+               UNDECIDED: "undecided against the paper", NO_REFERENCE: "no published number"}
+CODE_WORDS = {REPRODUCED: "matches the authors' code", ABOVE: "above the authors' code",
+              BELOW: "below the authors' code", UNDECIDED: "undecided against the authors' code"}
+BOTH = {(REPRODUCED, REPRODUCED): "reproduces the paper and the authors' code",
+        (ABOVE, ABOVE): "above both", (BELOW, BELOW): "below both"}
+LABEL_RULE = ("label: the verdict against the paper and the one against the authors' code in words; "
+              "'matches the authors' code, below the paper' = within the bound of the code's values, "
+              "below the paper's beyond it; 'below both' / 'above both' = beyond both bounds")
+
+
+def label(paper: Verdict, code: Verdict | None = None) -> str:
+    """The cell in plain words, from its verdict against the paper and, when the suite has one, the
+    verdict against the authors' code (same rule): e.g. "reproduces the paper", "matches the
+    authors' code, below the paper", "below both", "not run"; "partial k/n: ..." is provisional."""
+    if paper.verdict in (NOT_RUN, FAILED):
+        return paper.verdict
+    p = paper.compared or paper.verdict
+    c = (code.compared or code.verdict) if code is not None else None
+    if c is None or c == NO_REFERENCE:
+        words = "no reference" if p == NO_REFERENCE else PAPER_WORDS[p]
+    elif (p, c) in BOTH:
+        words = BOTH[p, c]
+    elif p == REPRODUCED:
+        words = f"{PAPER_WORDS[p]}, {CODE_WORDS[c]}"
+    else:
+        words = f"{CODE_WORDS[c]}, {PAPER_WORDS[p]}"
+    if paper.verdict == PARTIAL:
+        return f"partial {paper.detail.split(' ')[0]}: {words}"
+    return words

@@ -18,6 +18,15 @@ Switches: ``alpha_init`` (0.5, spec harness default), ``adaptive_alpha`` (True: 
 False keeps alpha fixed), ``alpha_lr`` (0 = use ``lr``), ``mix_with`` (``global``: evaluate
 alpha_i v_i + (1 - alpha_i) w with the current global w, the synchronized w_i of the APFL paper's
 output; ``local``: with the client's w_i after its last local step), ``weighting``.
+
+The Ditto authors' code has an "APFL" baseline too (litian96/ditto, ``flearn/trainers_MTL/apfl.py``):
+a *fixed* alpha (``--alpha``, default 0.5), the plain mean of the uploads and v_bar = alpha v +
+(1 - alpha) w_global at evaluation, i.e. ``adaptive_alpha: false, alpha_init: 0.5,
+weighting: uniform, mix_with: global`` here. One difference is not emulated: that code keeps the
+interpolation v_bar of the client's last step across rounds, so the first step of a round takes
+v's gradient at alpha v + (1 - alpha) w_i(previous round) rather than at the new global model.
+The CGPFL paper describes APFL as mixing "with an adaptive weight" (Section 2), so the CGPFL suites
+keep the adaptive default and offer the fixed-alpha reading as the ``ditto_code_baselines`` profile.
 """
 from __future__ import annotations
 
@@ -27,21 +36,22 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 
 
 @dataclass
 class APFLHyper(HyperParams):
-    lr: float = 0.005
+    lr: PositiveFloat = 0.005
     """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; spec harness default)."""
-    local_steps: int = 10
+    local_steps: PositiveInt = 10
     """tau, local steps between synchronizations (spec harness default: tau = R = 10)."""
-    alpha_init: float = 0.5
+    alpha_init: Probability = 0.5
     """Initial mixing weight alpha_i (spec harness default 0.5; not given by the CGPFL paper)."""
     adaptive_alpha: bool = True
     """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""
-    alpha_lr: float = 0.0
+    alpha_lr: NonNegativeFloat = 0.0
     """Step size of the alpha update; 0 = ``lr`` (APFL Algorithm 1 uses the same eta)."""
     mix_with: str = "global"
     """Which w the personalized model mixes at evaluation: ``global`` (server w) or ``local`` (w_i)."""

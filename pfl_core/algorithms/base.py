@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from pfl_core.batching import BatchStream
-from pfl_core.config import check_value_types
+from pfl_core.config import ConfigError, check_value_types
 from pfl_core.data.federated import ArrayDataset, Client
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, average_params, forward, sgd_step
@@ -37,15 +37,17 @@ class HyperParams:
     """Base class of every method's hyperparameters."""
 
     @classmethod
-    def from_dict(cls, values: dict, where: str = "") -> "HyperParams":
+    def from_dict(cls, values: dict, where: str = "", path: str | None = None) -> "HyperParams":
+        """Build from a mapping, checking names, types and declared ranges; errors start with
+        ``where`` and carry the dotted key ``path + name`` (:class:`pfl_core.config.ConfigError`)."""
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - allowed)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
-                f"allowed: {sorted(allowed)}"
+                f"allowed: {sorted(allowed)}", None if path is None else path + unknown[0]
             )
-        return cls(**check_value_types(cls, values, where))
+        return cls(**check_value_types(cls, values, where, path))
 
 
 @dataclass
@@ -168,6 +170,11 @@ class Algorithm(ABC):
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""
         return server["params"]
+
+    def run_info(self, server: ServerState) -> dict:
+        """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the
+        method made while training; none by default."""
+        return {}
 
     def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:
         """Predictions of ``params`` on ``x`` for ``client`` at evaluation (a hook for methods

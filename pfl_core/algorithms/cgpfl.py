@@ -13,7 +13,11 @@ contexts (P^t of the paper, kept as ``server["assign"]``: client id -> context).
 4. Omega^{t+1} = (1 - alpha) Omega^t + alpha * Omega_{I,R} P^{t+1} (line 14): each context moves
    toward the plain mean of its members' uploads (p_{k,j} = 1/|C_k|, Eq. 2).
 
-The predictor is each client's personalized theta_i (Algorithm 1 output Theta^T_I).
+The scored model is ``predictor`` (shared with pFedMe): by default the client's local model
+omega_{i,R} = w_i, as the pFedMe code scores "PM"; ``predictor="theta"`` scores theta_i, the
+Algorithm 1 output Theta^T_I. theta_i starts each round at the received context model
+(``theta_start="received"``, pFedMe code), or carries over (``"persist"``). The CGPFL paper says
+neither; following the pFedMe code keeps CGPFL(K=1) = pFedMe (Eq. 2 remark).
 
 Reconstruction choices (named switches, CGPFL spec):
 
@@ -34,19 +38,13 @@ Reconstruction choices (named switches, CGPFL spec):
   by minimum total squared distance before the alpha-step; with alpha = 1 (the paper's value) this
   only renames contexts and changes no model. ``none`` uses KMeans' label order (for alpha < 1 the
   paper does not specify the alignment).
-* Initialization: Omega^0 = K copies of the initial model omega^0, theta_i^0 = omega^0 (first model
+* Initialization: Omega^0 = K copies of the initial model omega^0, theta_i^0 = omega^0 (the model
   received), P^0 = every client in context 0 (all centres are equal, so it does not matter).
 
-CGPFL-Heur (paper Section 4.4, expression (11); spec "CGPFL-Heur") is :class:`CGPFLHeur`: at the
-first aggregation only, for every K in 1..K_max (K_max = ``max_clusters`` or N/2) it clusters the
-uploads and picks argmin_K penalty(K) + mu * cost(K), with cost(K) = sum_i (m_i/m) min_k
-||omega_{i,R} - c_k||^2 (evaluated on the uploaded omega, not theta: the server never sees theta;
-m_i = the client's training-sample count) and penalty(K) = K*d (``penalty="kd"``, harness default)
-or sqrt(K*d) (``"sqrt_kd"``). K is then fixed for the rest of training.
+CGPFL-Heur (paper Section 4.4), which chooses K once, is :mod:`pfl_core.algorithms.cgpfl_heur`.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -56,21 +54,20 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.pfedme import ProxHyper, ProxProgram, mix, personal_predictor
+from pfl_core.config import PositiveInt
 from pfl_core.training import Params, average_params, clone_params
 
 OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
 ALIGNMENTS = ("hungarian", "none")
-PENALTIES = ("kd", "sqrt_kd")
-MU_SCALES = ("absolute", "relative")
 
 
 @dataclass
 class CGPFLHyper(ProxHyper):
     """CGPFL hyperparameters; defaults are CGPFL Table 1 (MNIST/FMNIST MLR) and the spec's
     harness defaults. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
-    local_rounds = R, hidden_l2, predictor) are documented on :class:`ProxHyper`."""
+    local_rounds = R, hidden_l2, predictor, theta_start) are documented on :class:`ProxHyper`."""
 
-    num_clusters: int = 4
+    num_clusters: PositiveInt = 4
     """K, the number of context models (CGPFL Table 1: CGPFL (K = 4))."""
     alpha: float = 1.0
     """alpha, the server step of Algorithm 1 line 14 (Table 1 caption: 1; alpha = 1 -> centroids)."""
@@ -105,33 +102,6 @@ class CGPFLHyper(ProxHyper):
         if self.omega_update == "pfedme_equivalent":
             return self.lr * self.lam
         return self.lr * 2.0 / self.literal_n
-
-
-@dataclass
-class CGPFLHeurHyper(CGPFLHyper):
-    """CGPFL-Heur: CGPFL whose K is chosen at the first round by minimising expression (11)."""
-
-    mu: float | None = None
-    """mu of expression (11), required ("an appropriate mu", paper Section 5.3; not published)."""
-    mu_scale: str = "relative"
-    """``absolute``: (11) uses mu as given. ``relative`` (harness default): mu_abs =
-    mu * penalty(1) / cost(1), so mu is the ratio mu_abs*cost(1)/penalty(1) that the spec's
-    log-spaced grid 1e-3..1e3 spans, comparable across datasets and models."""
-    penalty: str = "kd"
-    """The K-dependent complexity term of (11), lost in the paper's text: ``kd`` = K*d (spec harness
-    default) or ``sqrt_kd`` = sqrt(K*d); d = number of model parameters."""
-    max_clusters: int = 0
-    """Largest candidate K; 0 = floor(N/2) ("no more than N/2", paper Section 5.3)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.mu is None or not self.mu > 0:
-            raise ValueError("cgpfl_heur needs method.params.mu > 0 (expression (11)'s mu; "
-                             "the paper does not publish it)")
-        if self.mu_scale not in MU_SCALES:
-            raise ValueError(f"mu_scale must be one of {MU_SCALES}, got {self.mu_scale!r}")
-        if self.penalty not in PENALTIES:
-            raise ValueError(f"penalty must be one of {PENALTIES}, got {self.penalty!r}")
 
 
 @dataclass
@@ -181,34 +151,6 @@ def weighted_cost(x: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> flo
     return cost / float(weights.sum())
 
 
-def penalty_term(kind: str, k: int, d: int) -> float:
-    return float(k * d) if kind == "kd" else math.sqrt(k * d)
-
-
-def choose_num_clusters(
-    x: np.ndarray, weights: np.ndarray, candidates: list[int], mu: float, mu_scale: str,
-    penalty: str, seed: int, n_init: int = 10, max_iter: int = 300,
-) -> tuple[KMeansFit, list[KMeansFit]]:
-    """The CGPFL-Heur solver: argmin_K penalty(K) + mu * cost(K) over ``candidates`` (expr. (11)).
-
-    Returns the chosen fit and every candidate's fit (with its cost and objective). Ties go to the
-    smallest K. With ``mu_scale="relative"`` mu is multiplied by penalty(1)/cost(1).
-    """
-    d = x.shape[1]
-    fits = []
-    for k in candidates:
-        labels = kmeans_labels(x, k, seed, n_init, max_iter)
-        fits.append(KMeansFit(k, labels, weighted_cost(x, labels, weights)))
-    mu_abs = mu
-    if mu_scale == "relative":
-        base = weighted_cost(x, np.zeros(len(x), dtype=np.int64), weights)
-        mu_abs = mu * penalty_term(penalty, 1, d) / base if base > 0 else mu
-    for fit in fits:
-        fit.objective = penalty_term(penalty, fit.k, d) + mu_abs * fit.cost
-    best = min(fits, key=lambda f: (f.objective, f.k))
-    return best, fits
-
-
 def _align(old: list[Params], means: list[Params | None]) -> list[int]:
     """Permutation p with new cluster j -> context p[j], minimising sum ||mean_j - old_{p[j]}||^2."""
     from scipy.optimize import linear_sum_assignment
@@ -244,9 +186,8 @@ class CGPFL(ProxProgram):
 
     # -- the client program: R local rounds from the client's context model (prox_local_rounds) ---
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        """omega_{k(i)} (Algorithm 1 line 4) and theta_i (persists; starts at the first model received)."""
-        anchor = server["centers"][server["assign"].get(client.cid, 0)]
-        return {"theta": client.state.get("theta", anchor), "w": anchor}
+        """omega_{k(i)} (Algorithm 1 line 4) and theta_i per ``theta_start``."""
+        return self.start_carry(client, server["centers"][server["assign"].get(client.cid, 0)])
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         client.state.update(theta=carry["theta"], local=carry["w"])
@@ -295,29 +236,6 @@ class CGPFL(ProxProgram):
         fallback = server["centers"][server["assign"].get(client.cid, 0)]
         return personal_predictor(self.hp, fallback, client)
 
-
-@METHODS.register("cgpfl_heur")
-class CGPFLHeur(CGPFL):
-    """CGPFL-Heur: K chosen once, at the first aggregation, by expression (11) (paper Section 4.4).
-
-    The server state gains ``heur``: the candidate K values with their cost and objective, and the
-    chosen K (``num_clusters``)."""
-
-    hyper_class = CGPFLHeurHyper
-
-    def _initial_k(self) -> int | None:
-        return None
-
-    def _cluster(self, server: ServerState, x: np.ndarray, weights: np.ndarray) -> tuple[int, np.ndarray, dict]:
-        if server["num_clusters"] is not None:
-            return super()._cluster(server, x, weights)
-        hp = self.hp
-        k_max = hp.max_clusters or len(x) // 2
-        candidates = list(range(1, max(1, min(k_max, len(x))) + 1))
-        best, fits = choose_num_clusters(
-            x, weights, candidates, hp.mu, hp.mu_scale, hp.penalty,
-            self._round_seed(server["round"]), hp.kmeans_n_init, hp.kmeans_max_iter,
-        )
-        heur = {"chosen": best.k, "candidates": [f.k for f in fits], "cost": [f.cost for f in fits],
-                "objective": [f.objective for f in fits]}
-        return best.k, best.labels, {"heur": heur}
+    def run_info(self, server: ServerState) -> dict:
+        """``cgpfl_contexts``: K, and the final context sizes (clients per context)."""
+        return {"cgpfl_contexts": server["num_clusters"], "cgpfl_context_sizes": list(server["sizes"])}

@@ -12,6 +12,10 @@ train stream:
 2. Global: ``global_steps`` (S) batches of Adam (lr 0.001) on a copy of the current global model;
    the Adam object belongs to the client and persists across its participations (code).
 
+``schedule="interleaved"`` is the Ditto authors' own code (litian96/ditto,
+``flearn/trainers_MTL/ditto.py``): for each of its ``local_iters`` iterations it draws ONE batch and
+takes the personal step and then the global (plain SGD) step on that same batch.
+
 The client uploads its global copy; the server takes the uniform mean. At evaluation the code
 fine-tunes the **global** model (personal models are unused; test clients never had one);
 ``evaluate_personal=True`` predicts with the personal model instead (the paper's intent).
@@ -25,24 +29,25 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, gradients, sgd_step
 
 
 @dataclass
 class DittoHyper(HyperParams):
-    lr: float = 0.001
+    lr: PositiveFloat = 0.001
     """Personal proximal-SGD learning rate (CAFeMe code: ``lr_outer`` = 0.001)."""
-    global_lr: float = 0.001
+    global_lr: PositiveFloat = 0.001
     """Learning rate of the global step (CAFeMe code: Adam, ``lr_outer`` = 0.001)."""
     global_optimizer: Literal["adam", "sgd"] = "adam"
     """Optimiser of the global step: ``adam`` (CAFeMe code) or ``sgd`` (plain FedAvg-style local SGD,
     the Ditto paper's global objective; CGPFL's Table 1 baseline)."""
-    mu: float = 0.1
+    mu: NonNegativeFloat = 0.1
     """Proximal weight mu (CAFeMe code ``mu`` = 0.1, every dataset)."""
-    personal_steps: int = 5
+    personal_steps: NonNegativeInt = 5
     """S, personal-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    global_steps: int = 5
+    global_steps: NonNegativeInt = 5
     """S, global-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     anchor: str = "local_copy"
     """Proximal anchor w: ``local_copy`` = the client's last local copy of the global model, or the
@@ -58,12 +63,20 @@ class DittoHyper(HyperParams):
     paper's direct evaluation)."""
     weighting: Weighting = "uniform"
     """Server aggregation: ``uniform`` = plain mean (CAFeMe code); ``samples`` = weighted by n_k."""
+    schedule: Literal["personal_then_global", "interleaved"] = "personal_then_global"
+    """``personal_then_global``: ``personal_steps`` batches on p, then ``global_steps`` further
+    batches on the global copy (CAFeMe code, published CAFeMe numbers). ``interleaved``: per
+    iteration one batch, the personal step then the global step on that same batch (the Ditto
+    authors' code, ``trainers_MTL/ditto.py``; needs personal_steps == global_steps)."""
 
     def __post_init__(self) -> None:
         if self.anchor not in ("local_copy", "global"):
             raise ValueError(f"anchor must be 'local_copy' or 'global', got {self.anchor!r}")
         if self.global_steps < 1:
             raise ValueError(f"global_steps must be >= 1, got {self.global_steps}")
+        if self.schedule == "interleaved" and self.personal_steps != self.global_steps:
+            raise ValueError(f"schedule 'interleaved' steps both models on the same batches: personal_steps "
+                             f"({self.personal_steps}) must equal global_steps ({self.global_steps})")
 
 
 @METHODS.register("ditto")
@@ -91,12 +104,16 @@ class Ditto(Algorithm):
                 "params": server["params"], "optimizer": optimizer}
 
     def draw(self, client: ClientContext, round_idx: int):
-        return {"personal": [client.next_index() for _ in range(self.hp.personal_steps)],
-                "global": [client.next_index() for _ in range(self.hp.global_steps)]}
+        personal = [client.next_index() for _ in range(self.hp.personal_steps)]
+        if self.hp.schedule == "interleaved":  # the global steps reuse the personal steps' batches
+            return {"personal": personal, "global": list(personal)}
+        return {"personal": personal, "global": [client.next_index() for _ in range(self.hp.global_steps)]}
 
     def local_update(self, carry, batches, masks):
         """S proximal SGD steps on p (spec: Ditto "Personal step"), then S optimiser steps (Adam by
-        default) on a copy of the global model (spec: Ditto "Global step")."""
+        default) on a copy of the global model (spec: Ditto "Global step"). The two chains do not
+        read each other within a round (p's anchor is fixed), so running them one after the other
+        equals the Ditto code's alternation; ``schedule`` only decides their batches (:meth:`draw`)."""
         personal, params, optimizer = carry["personal"], carry["params"], carry["optimizer"]
         xs, ys = batches["personal"]
         for step in range(len(xs)):

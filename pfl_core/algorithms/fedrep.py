@@ -22,17 +22,18 @@ import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeInt, PositiveFloat
 from pfl_core.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, batch_loss, value_and_grad
 
 
 @dataclass
 class FedRepHyper(HyperParams):
-    lr: float = 0.001
+    lr: PositiveFloat = 0.001
     """Adam learning rate of both head and body steps (CAFeMe code: ``lr_outer`` = 0.001)."""
-    head_steps: int = 5
+    head_steps: NonNegativeInt = 5
     """S, head-only Adam steps per round, one batch each (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    body_steps: int = 1
+    body_steps: NonNegativeInt = 1
     """Body-only Adam steps per round, one batch each (CAFeMe code: 1)."""
     head_prefixes: list[str] = field(default_factory=lambda: ["fc."])
     """A parameter whose name starts with one of these is in the head. ``fc.`` is the whole dense

@@ -11,10 +11,19 @@ the code": IFCA; code ``IFCAClient`` / ``train_ifca``).
 * At evaluation a client picks its cluster the same way and is evaluated with it directly (IFCA)
   or after the protocol's fine-tuning (IFCA-FT).
 
-The k models are initialised independently (the harness's fix of the code's warm-start defect,
-spec "Warm-start defect" and diff 15, where the k models were one shared object): see
-:meth:`IFCA.init_server`. The weight-sharing IFCA variant of the code is not reported in the paper
-and is not implemented.
+By default the k models are initialised independently (the harness's fix of the code's
+warm-start defect, spec "Warm-start defect" and diff 15): see :meth:`IFCA.init_server`. Switches:
+
+* ``shared_clusters``: the k models are **one** model, as in the authors' code, whose
+  ``[args["model"] for _ in range(k)]`` holds k references to one object: every client's k losses
+  tie, it picks cluster 0, and the server averages every upload into that one model. Published
+  IFCA / IFCA-FT are therefore uniform FedAvg with IFCA's local training (issue 11, item 1);
+  the ``code_shared_init`` profiles turn it on.
+* ``weight_sharing``: the code's "IFCA with weights sharing" (``train_ifca(weight_sharing=True)``,
+  not reported in the paper): after the per-cluster averages, the parameters named with
+  ``shared_prefix`` (the code's ``cnn`` blocks: our ``features``, the conv trunk) are averaged over
+  every upload and written into every cluster. The results-era ``main.py`` (8ef6145) trained it
+  after IFCA and before Ditto, on the same shared object (a ``model.warm_start`` stage).
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState, Weighting
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
+from pfl_core.config import PositiveInt
 from pfl_core.training import Params, average_params, batch_loss, model_params
 
 
@@ -39,12 +49,22 @@ class IFCAHyper(FedAvgHyper):
     weighting: Weighting = "uniform"
     """Per-cluster aggregation: ``uniform`` = plain mean over the clients that chose the cluster
     (CAFeMe code ``aggregate_model_params``); ``samples`` = weighted by train samples."""
-    num_clusters: int = 4
+    num_clusters: PositiveInt = 4
     """k, number of cluster models (CAFeMe code ``n_models_ifca``: RMNIST 4, CIFAR-10 3,
     FEMNIST 2, Meta-Dataset 8)."""
     init_seed_offset: int = 0
     """Salt of the re-initialisation seed of clusters 1..k-1 (harness choice; see
     :meth:`IFCA.init_server`). Changing it draws another set of independent initialisations."""
+    shared_clusters: bool = False
+    """True: the k cluster models are one shared model (the CAFeMe code's k references to one
+    object, spec diff 15; = uniform FedAvg with IFCA's local training), so ``num_clusters`` plays
+    no role. False: k independently initialised models (the IFCA paper; harness default)."""
+    weight_sharing: bool = False
+    """True: after the per-cluster averages, average the ``shared_prefix`` parameters over every
+    upload and write them into every cluster (CAFeMe code ``train_ifca(weight_sharing=True)``)."""
+    shared_prefix: str = "features."
+    """Parameters shared across clusters with ``weight_sharing`` (the code's ``cnn`` blocks = the
+    conv trunk ``features`` of the CAFeMe base models)."""
 
     def __post_init__(self) -> None:
         if self.num_clusters < 1:
@@ -115,6 +135,8 @@ class IFCA(FedAvg):
         ``sha256(fingerprint(params), init_seed_offset, j)``. The initial model already depends only
         on the run seed (its "init" stream), so the k initialisations are reproducible, distinct,
         and change with the seed."""
+        if self.hp.shared_clusters:
+            return {"params": params, "clusters": [params]}
         fingerprint = params_fingerprint(params)
         device = next(iter(params.values())).device
         clusters = [params]
@@ -124,8 +146,21 @@ class IFCA(FedAvg):
             clusters.append({k: v.to(device) for k, v in reinitialised_params(self.model, seed).items()})
         return {"params": clusters[0], "clusters": clusters}
 
+    @classmethod
+    def mechanism(cls, hp: IFCAHyper) -> str:
+        """How this configuration's cluster models come about, for the report."""
+        if hp.shared_clusters:
+            how = "IFCA: one shared model (the code's k references to one object = uniform FedAvg)"
+        else:
+            how = f"IFCA: {hp.num_clusters} independently initialised cluster models"
+        return how + (f", weight sharing of {hp.shared_prefix}*" if hp.weight_sharing else "")
+
     def choose_cluster(self, server: ServerState, client: ClientContext) -> int:
-        """argmin of :func:`cluster_losses` (one host sync per client: the index picks a model)."""
+        """argmin of :func:`cluster_losses` (one host sync per client: the index picks a model);
+        a single (shared) model needs no loss pass (the code's k equal losses pick index 0)."""
+        if len(server["clusters"]) == 1:
+            client.state["cluster"] = 0
+            return 0
         choice = int(torch.argmin(cluster_losses(self.model, server["clusters"], client)))
         client.state["cluster"] = choice
         return choice
@@ -145,7 +180,21 @@ class IFCA(FedAvg):
             if chosen:
                 weights = self.aggregation_weights(chosen)
                 clusters[j] = average_params([u.params for u in chosen], weights)
+        if self.hp.weight_sharing:
+            clusters = self.share_weights(clusters, updates)
         return {**server, "params": clusters[0], "clusters": clusters}
+
+    def share_weights(self, clusters: list[Params], updates: list[ClientUpdate]) -> list[Params]:
+        """Every cluster gets the average over all uploads of the ``shared_prefix`` parameters."""
+        uploads = [u for u in updates if u.params is not None]
+        if not uploads:
+            return clusters
+        shared = average_params([u.params for u in uploads], self.aggregation_weights(uploads))
+        names = [k for k in shared if k.startswith(self.hp.shared_prefix)]
+        if not names:
+            raise ValueError(f"ifca weight_sharing: no parameter starts with shared_prefix "
+                             f"{self.hp.shared_prefix!r}; parameters: {sorted(shared)[:6]}...")
+        return [{**params, **{k: shared[k] for k in names}} for params in clusters]
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The cluster with the smallest summed loss over the client's train split (spec: "At test

@@ -15,9 +15,11 @@ size a on F (:func:`expected_step`, tested).
 Reading used here (harness, documented): the step sizes are parameterised by ``lr`` =
 a/(n(1-p)) (spec harness default: equal to CGPFL Table 1's lr), so c = lr (1-p) lam / p and n
 cancels; lam = 12 and p = 1/R (spec harness defaults). One *communication round* of the federation
-loop is one stretch of the chain between communications: L >= 0 local steps (L + 1 ~ Geometric(p),
-the flips until the first aggregation flip) then J >= 1 consecutive aggregation steps (J ~
-Geometric(1 - p), as the chain keeps flipping aggregation with probability p). Consecutive
+loop is one stretch of the chain between communications: L local steps, then J >= 1 consecutive
+aggregation steps (J ~ Geometric(1 - p), as the chain keeps flipping aggregation with probability
+p). A stretch of aggregations ends with the first local flip, which opens the next round, so every
+round after the first has L >= 1 (L ~ Geometric(p), mean 1/p); only the chain's first round may
+open with an aggregation flip (L >= 0, L + 1 ~ Geometric(p), mean (1-p)/p). Consecutive
 aggregations compound: x_i <- x_bar + (1 - c)^J (x_i - x_bar) (x_bar is unchanged by a mixing
 step). The coin flips come from ``SeedSequence([run seed stream, coin_seed, round])``, common
 to all clients.
@@ -25,38 +27,60 @@ to all clients.
 Because the loop's server cannot write client state, the J aggregation steps of round t are
 applied lazily: the server stores x_bar and (1 - c)^J, and the client applies them to its stored x_i
 when it next trains (and :meth:`L2SGD.predictor` applies them for evaluation). The personalized
-model is x_i. A round with L = 0 takes no local step; its reported loss is the loss at x_i on the
-next batch.
+model is x_i. A round with L = 0 (the first only) takes no local step; its reported loss is the
+loss at x_i on the next batch.
+
+``variant="mean_regularized"`` is instead the "L2SGD" baseline of the Ditto authors' code
+(litian96/ditto, ``flearn/trainers_MTL/l2sgd.py``, "mean-regularized multi-task learning"), which
+has no coin: every round each client takes ``local_steps`` deterministic steps
+``x_i <- x_i - lr (grad f_i(x_i) + lam (x_i - x_bar))`` with x_bar the global model received this
+round, and the server sets x_bar to the plain mean of the uploaded x_i (the code's
+``global += (S/N) mean(x_i - global)``, identical under full participation, S = N, which CGPFL
+uses; with partial participation the harness takes the plain mean of the uploads). The CGPFL paper
+cites Hanzely & Richtarik for L2SGD and publishes no code, so the loopless chain is the default;
+which one CGPFL ran is unknown.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, batch_loss, sgd_step
 
 
 @dataclass
 class L2SGDHyper(HyperParams):
-    lr: float = 0.005
+    variant: Literal["loopless", "mean_regularized"] = "loopless"
+    """``loopless``: the L2GD/L2SGD chain of Hanzely & Richtarik (the paper CGPFL cites; default).
+    ``mean_regularized``: the Ditto authors' code's "L2SGD" (deterministic local steps on
+    f_i + lam/2 ||x_i - x_bar||^2, x_bar = the plain mean; see the module docstring)."""
+    local_steps: PositiveInt = 10
+    """``mean_regularized`` only: local steps per round (Ditto code ``local_iters``; CGPFL R = 10)."""
+    lr: PositiveFloat = 0.005
     """The local step a/(n(1-p)) (spec harness default: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
-    lam: float = 12.0
+    lam: NonNegativeFloat = 12.0
     """lambda of the penalty (spec harness default: CGPFL's lambda = 12)."""
-    p: float = 0.1
+    p: Probability = 0.1
     """Aggregation probability (spec harness default p = 1/R, R = 10)."""
     coin_seed: int = 0
     """Base seed of the common coin flips (the algorithm does not see the run seed)."""
-    max_local_steps: int = 0
+    max_local_steps: NonNegativeInt = 0
     """Cap on L per round (0 = no cap; the loopless chain as in the paper)."""
     weighting: Weighting = "uniform"
     """x_bar: ``uniform`` (the L2GD objective's plain mean) or ``samples``."""
 
     def __post_init__(self) -> None:
+        if self.local_steps < 1:
+            raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
+        if self.variant == "mean_regularized":
+            return  # no coin: p and the aggregation coefficient play no role
         if not 0 < self.p < 1:
             raise ValueError(f"p must be in (0, 1), got {self.p}")
         if not 0 < self.mix_rate <= 1:
@@ -92,10 +116,11 @@ def expected_step(x: Params, grad: Params, x_bar: Params, lr: float, lam: float,
 
 def coin_counts(seed: int | tuple[int, ...], round_idx: int, p: float, cap: int = 0) -> tuple[int, int]:
     """(L local steps, J aggregation steps) of round ``round_idx``; ``seed`` is an int or a tuple
-    of ints (run seed stream, ``coin_seed``)."""
+    of ints (run seed stream, ``coin_seed``). L ~ Geometric(p) on {1, 2, ...} (the local flip that
+    ended the last round's aggregations opens this one), except round 0: L + 1 ~ Geometric(p)."""
     seeds = list(seed) if isinstance(seed, tuple) else [seed]
     rng = np.random.default_rng(np.random.SeedSequence([*seeds, round_idx]))
-    local = int(rng.geometric(p)) - 1
+    local = int(rng.geometric(p)) - (1 if round_idx == 0 else 0)
     aggregations = int(rng.geometric(1.0 - p))
     if cap:
         local = min(local, cap)
@@ -104,6 +129,9 @@ def coin_counts(seed: int | tuple[int, ...], round_idx: int, p: float, cap: int 
 
 @METHODS.register("l2sgd")
 class L2SGD(Algorithm):
+    """L2SGD (``variant``: the loopless chain, or the Ditto code's mean-regularized training);
+    client state ``x`` (x_i) and ``round``; server state ``params`` (x_bar), ``round``, ``keep``."""
+
     hyper_class = L2SGDHyper
 
     def init_server(self, params: Params) -> ServerState:
@@ -114,7 +142,7 @@ class L2SGD(Algorithm):
         x = client.state.get("x")
         if x is None:
             return None
-        if client.state.get("round") == server["round"]:
+        if client.state.get("round") == server["round"] and server["keep"] != 1.0:
             keep = server["keep"]
             with torch.no_grad():
                 return {k: server["params"][k] + keep * (v - server["params"][k]) for k, v in x.items()}
@@ -124,11 +152,14 @@ class L2SGD(Algorithm):
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         """x_i with the last aggregation applied (host side); the global model if it never trained."""
         x = self._current(server, client)
-        return {"x": server["params"] if x is None else x}
+        return {"x": server["params"] if x is None else x, "x_bar": server["params"]}
 
     def draw(self, client: ClientContext, round_idx: int) -> Plan:
-        """``train``: the round's L batches (L from the common coin flips); ``loss``: with L = 0,
-        one batch on which the loss at x_i is reported (no step)."""
+        """``train``: the round's L batches (L from the common coin flips; ``local_steps`` for
+        ``mean_regularized``); ``loss``: with L = 0, one batch on which the loss at x_i is reported
+        (no step)."""
+        if self.hp.variant == "mean_regularized":
+            return {"train": [client.next_index() for _ in range(self.hp.local_steps)], "loss": []}
         local, _ = coin_counts((self.seed, self.hp.coin_seed), round_idx, self.hp.p, self.hp.max_local_steps)
         train = [client.next_index() for _ in range(local)]
         return {"train": train, "loss": [] if train else [client.next_index()]}
@@ -136,8 +167,9 @@ class L2SGD(Algorithm):
     def local_update(self, carry, batches, masks):
         x, losses = carry["x"], []
         xs, ys = batches["train"]
+        pull = self.hp.lam if self.hp.variant == "mean_regularized" else 0.0  # the penalty's gradient
         for step in range(len(xs)):
-            x, loss = sgd_step(self.model, x, xs[step], ys[step], self.hp.lr)
+            x, loss = sgd_step(self.model, x, xs[step], ys[step], self.hp.lr, pull, carry["x_bar"])
             losses.append(loss)
         xs, ys = batches["loss"]
         with torch.no_grad():
@@ -154,6 +186,8 @@ class L2SGD(Algorithm):
         if x_bar is None:
             return server
         round_idx = server["round"] + 1
+        if self.hp.variant == "mean_regularized":
+            return {"params": x_bar, "round": round_idx, "keep": 1.0}
         _, times = coin_counts((self.seed, self.hp.coin_seed), round_idx, self.hp.p, self.hp.max_local_steps)
         return {"params": x_bar, "round": round_idx, "keep": (1.0 - self.hp.mix_rate) ** times}
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms.base import ClientContext
+from pfl_core.config import NonNegativeInt, PositiveFloat
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, sgd_step
@@ -16,11 +17,11 @@ from pfl_core.training import Params, sgd_step
 class LocalSGDHyper:
     """Local training shared by FedAvg-style methods."""
 
-    lr: float = 0.001
+    lr: PositiveFloat = 0.001
     """Local SGD learning rate (CAFeMe code baselines: ``lr_outer`` = 0.001)."""
-    local_epochs: int = 5
+    local_epochs: NonNegativeInt = 5
     """Full passes over the client's train split per round (CAFeMe code: S = 5 epochs)."""
-    local_steps: int = 0
+    local_steps: NonNegativeInt = 0
     """If > 0, take this many batches from the cyclic stream instead of ``local_epochs`` passes."""
 
 

@@ -31,16 +31,17 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import PositiveFloat, PositiveInt
 from pfl_core.training import Params, batch_loss, gradients, in_transform
 
 
 @dataclass
 class PerFedAvgHyper(HyperParams):
-    alpha: float = 0.05
+    alpha: PositiveFloat = 0.05
     """Inner (personalization) SGD step of theta~ (CAFeMe code ``lr_inner``: 0.05; FEMNIST 0.01)."""
-    beta: float = 0.001
+    beta: PositiveFloat = 0.001
     """Outer plain-SGD step on theta (CAFeMe code ``lr_outer`` = 0.001)."""
-    local_steps: int = 5
+    local_steps: PositiveInt = 5
     """S, meta-iterations per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     variant: str = "hf"
     """``hf``: Hessian-free update with the Hessian-vector product (CAFeMe code, published
@@ -48,7 +49,7 @@ class PerFedAvgHyper(HyperParams):
     hvp: str = "finite_difference"
     """How ``hf`` computes H v: ``finite_difference`` = central difference with ``fd_delta``
     (CAFeMe code, published numbers); ``exact`` = automatic differentiation (double backward)."""
-    fd_delta: float = 1e-3
+    fd_delta: PositiveFloat = 1e-3
     """delta of the central difference (CAFeMe code: 1e-3)."""
     skip_logging_batch: bool = True
     """True: after every iteration, advance the train stream past one batch, as the code does when

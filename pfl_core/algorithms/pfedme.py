@@ -16,19 +16,26 @@ Known behaviours of the authors' code (CharlieDinh/pFedMe), each a named switch 
 
 * ``hidden_l2`` (default 0.0): the pFedMe optimizer's hidden ``mu * theta`` term (mu = 0.001 in
   the code, in neither paper). 0.001 reproduces the code.
-* ``predictor`` (default ``"theta"``): evaluate the personalized model theta_i as in the pFedMe
-  paper and CGPFL's Algorithm 1; ``"local"`` evaluates w_i, which is what the authors' code
-  reports as "PM" (issue #5, the parameter list aliasing bug).
+* ``predictor`` (default ``"local"``): the scored model. ``"local"`` evaluates the local model w_i
+  after the client's R local rounds, which is what the authors' code reports as "PM": its
+  personalized-parameter list aliases the model parameters, which ``update_parameters(local_model)``
+  overwrites with w_i at the end of ``UserpFedMe.train`` (issue #5). ``"theta"`` evaluates theta_i,
+  the last inner solve on one 20-sample batch (pFedMe paper, CGPFL Algorithm 1 output). With
+  personal_lr * (L + lam) > 2 theta oscillates around the proximal optimum, so the two differ.
+* ``theta_start`` (default ``"received"``): where theta_i starts each communication round. The
+  code's theta *is* the model's parameter list, which ``set_parameters`` overwrites with the new
+  global model at the start of every round (``send_parameters`` goes to all users), so theta starts
+  at the received model each round and carries over only between the R local rounds of one round.
+  ``"persist"`` carries theta_i over from the client's previous round instead.
 * ``weighting`` (default ``"samples"``): the code weights w_i by training-sample counts;
   ``"uniform"`` gives the plain mean (what CGPFL uses inside a context, p_{k,j} = 1/|C_k|).
 * Participation: the code trains all users and aggregates only S sampled ones. The harness trains
   and aggregates the clients the federation loop samples; CGPFL's setup uses all 40 clients
   (``federation.clients_per_round: 0``), where both coincide.
 
-State kept per client (``client.state``): ``theta`` (persists across local and communication rounds,
-never reset to w: pFedMe code convention) and ``local`` (w_i after the last round, for
-``predictor="local"``). theta_i starts at the first model the client receives, which is the common
-initial model omega^0 under full participation (CGPFL spec, "Initialization" harness default).
+State kept per client (``client.state``): ``theta`` (theta_i after the last local round, for
+``predictor="theta"`` and ``theta_start="persist"``) and ``local`` (w_i after the last round, for
+``predictor="local"``). Within a round theta is never reset to w between local rounds (code).
 """
 from __future__ import annotations
 
@@ -40,10 +47,12 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 
 PREDICTORS = ("theta", "local")
+THETA_STARTS = ("received", "persist")
 
 
 def prox_gradient_steps(
@@ -140,28 +149,37 @@ class ProxHyper(HyperParams):
     """The proximal local-training hyperparameters shared by pFedMe and CGPFL; defaults are the
     CGPFL Table 1 setting for MNIST/FMNIST MLR."""
 
-    lr: float = 0.005
+    lr: PositiveFloat = 0.005
     """eta, the local-model step ``w <- w - lr*lam*(w - theta)`` (CGPFL Table 1: lr = 0.005 for
     MNIST/FMNIST, 0.03 for CIFAR10; pFedMe README MNIST: 0.005)."""
-    personal_lr: float = 0.1
+    personal_lr: PositiveFloat = 0.1
     """The inner (personal) step on theta (pFedMe README: 0.1 MLR, 0.09 DNN, 0.01 CNN; CGPFL spec
     "Which step size is lr" harness default)."""
-    lam: float = 12.0
+    lam: NonNegativeFloat = 12.0
     """lambda, the proximal regularization (CGPFL Table 1 caption: 12; pFedMe code: 15)."""
-    inner_steps: int = 5
+    inner_steps: PositiveInt = 5
     """Inner theta steps per local round: pFedMe's K_p (--K 5) = CGPFL's S (Table 1 caption: 5)."""
-    local_rounds: int = 10
+    local_rounds: PositiveInt = 10
     """R, local rounds per communication round, one mini-batch each (CGPFL Fig. 1/2 captions: 10;
     pFedMe code local_epochs = 20, issue #6)."""
     hidden_l2: float = 0.0
     """The pFedMe optimizer's hidden mu*theta term (code: 0.001; neither paper: 0, the default)."""
-    predictor: str = "theta"
-    """``theta``: evaluate theta_i (pFedMe paper, CGPFL Algorithm 1 output, spec harness default);
-    ``local``: evaluate w_i, what the pFedMe authors' code reports as PM (issue #5)."""
+    predictor: str = "local"
+    """The scored model: ``local`` = w_i after the R local rounds, what the pFedMe authors' code
+    reports as "PM" (issue #5, parameter aliasing; the default, as the published pFedMe numbers);
+    ``theta`` = theta_i, the last inner solve (pFedMe paper Eq. 7, CGPFL Algorithm 1 output
+    Theta^T_I; the CGPFL spec's former harness default)."""
+    theta_start: str = "received"
+    """Where theta_i starts each round: ``received`` = the model the client receives this round
+    (pFedMe code: ``set_parameters`` overwrites theta, the model's parameters, every round);
+    ``persist`` = theta_i from the client's previous round (pFedMe paper Algorithm 1 and CGPFL
+    Algorithm 1 leave it open; the CGPFL spec's former harness default)."""
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ValueError(f"predictor must be one of {PREDICTORS}, got {self.predictor!r}")
+        if self.theta_start not in THETA_STARTS:
+            raise ValueError(f"theta_start must be one of {THETA_STARTS}, got {self.theta_start!r}")
         if self.inner_steps < 1 or self.local_rounds < 1:
             raise ValueError("inner_steps and local_rounds must be >= 1")
 
@@ -176,7 +194,7 @@ class ProxHyper(HyperParams):
 class PFedMeHyper(ProxHyper):
     """pFedMe hyperparameters (the shared proximal ones plus the server step)."""
 
-    beta: float = 1.0
+    beta: PositiveFloat = 1.0
     """Server mixing w <- (1-beta) w + beta avg (pFedMe paper settings: 1; 'fine-tuned': 2)."""
     weighting: Weighting = "samples"
     """Aggregation weights: ``samples`` (n_i / n_S, pFedMe code) or ``uniform``."""
@@ -185,6 +203,13 @@ class PFedMeHyper(ProxHyper):
 class ProxProgram(Algorithm):
     """The plan and local update pFedMe and CGPFL share (:func:`prox_plan`, :func:`prox_local_rounds`);
     subclasses say where theta and w start (``carry_in``) and what is uploaded (``carry_out``)."""
+
+    def start_carry(self, client: ClientContext, anchor: Params) -> dict:
+        """``{"theta", "w"}`` at the start of a round whose anchor (w_{i,0}) is ``anchor``: theta
+        from ``anchor`` (``theta_start="received"``, pFedMe code) or from the client's last round
+        (``"persist"``; the first round starts at ``anchor``)."""
+        theta = client.state.get("theta", anchor) if self.hp.theta_start == "persist" else anchor
+        return {"theta": theta, "w": anchor}
 
     def draw(self, client: ClientContext, round_idx: int) -> Plan:
         return prox_plan(client, self.hp)
@@ -195,14 +220,14 @@ class ProxProgram(Algorithm):
 
 @METHODS.register("pfedme")
 class PFedMe(ProxProgram):
-    """pFedMe; uploads w_{i,R}, evaluates theta_i (or w_i with ``predictor="local"``)."""
+    """pFedMe; uploads w_{i,R}, evaluates w_i (or theta_i with ``predictor="theta"``)."""
 
     hyper_class = PFedMeHyper
 
     # -- the client program: R local rounds from the global model (prox_local_rounds) -------------
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        """theta_i persists (never reset to w); it starts at the first model the client receives."""
-        return {"theta": client.state.get("theta", server["params"]), "w": server["params"]}
+        """w_{i,0} = the global model; theta_i per ``theta_start`` (:meth:`ProxProgram.start_carry`)."""
+        return self.start_carry(client, server["params"])
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         client.state.update(theta=carry["theta"], local=carry["w"])

@@ -7,6 +7,7 @@ from pfl_core.data.datasets import (
     resolve_data_dir,
 )
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+from pfl_core.data.idx import DatasetFileError
 from pfl_core.data.offline import digits28, synthetic
 from pfl_core.data.partitions import (
     PARTITIONERS,
@@ -23,6 +24,7 @@ __all__ = [
     "ArrayDataset",
     "Client",
     "DATASETS",
+    "DatasetFileError",
     "DatasetNotFoundError",
     "FederatedData",
     "PARTITIONERS",

@@ -41,6 +41,8 @@ def build_federated(
     min_split_size: int = 1,
     remainder: str = "train",
     validation_fraction: float = 0.0,
+    min_train_size: int = 0,
+    max_draws: int = 100,
 ) -> FederatedData:
     """Partition ``dataset`` among ``num_clients`` clients and split each client's indices.
 
@@ -52,15 +54,48 @@ def build_federated(
     ``validation_fraction`` of the seen clients (own stream ``validation``) are held out of
     training as validation clients for tuning; the unseen (test) clients are drawn first and do
     not depend on it.
+
+    ``min_train_size`` > 0 redraws the whole partition (and the splits), continuing their
+    streams, while any client's ``train`` split holds fewer samples (at most ``max_draws``
+    draws). With the batch size it reproduces the CAFeMe authors' de-facto rule (their code crashes
+    on such a client, and their published Dirichlet/FEMNIST numbers come from the seeds without
+    one); a seed whose first draw has no such client keeps exactly its partition.
+    ``FederatedData.partition_draws`` records the draws.
     """
     labels = dataset.labels_numpy()
     groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
-    parts = run_partition(
-        partition, labels, num_clients, streams.numpy("partition"), groups=groups,
-        **partition_params,
-    )
-    client_group = _client_groups(partition, partition_params, parts, groups)
-    split_rng = streams.numpy("split")
+    partition_rng, split_rng = streams.numpy("partition"), streams.numpy("split")
+    for draw in range(1, max_draws + 1):
+        parts = run_partition(partition, labels, num_clients, partition_rng, groups=groups, **partition_params)
+        clients = _split_clients(parts, _client_groups(partition, partition_params, parts, groups), client_splits,
+                                 split_rng, remainder, min_split_size, partition)
+        short = short_train_clients(clients, min_train_size)
+        if not short:
+            break
+    else:
+        raise ValueError(
+            f"data.redraw_short_clients: after {max_draws} partitions, client {short[0]} still has fewer than "
+            f"{min_train_size} train samples (partition {partition!r} may be fixed, e.g. natural): run other "
+            f"seeds, or turn the switch off to keep one short batch")
+    seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
+    train, validation = seen, []
+    if validation_fraction:
+        kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
+        train, validation = [seen[i] for i in kept], [seen[i] for i in held]
+    return FederatedData(dataset, clients, train_clients=train, unseen_clients=unseen,
+                         validation_clients=validation, partition_draws=draw)
+
+
+def short_train_clients(clients: list[Client], batch_size: int) -> list[int]:
+    """The clients whose train split holds fewer than ``batch_size`` samples (the CAFeMe code
+    crashes on them; here such a client trains or fine-tunes on one short batch)."""
+    return [c.cid for c in clients if "train" in c.splits and len(c.splits["train"]) < batch_size]
+
+
+def _split_clients(parts: list[np.ndarray], client_group: list[int | None], client_splits: dict[str, float],
+                   split_rng: np.random.Generator, remainder: str, min_split_size: int,
+                   partition: str) -> list[Client]:
+    """One :class:`Client` per partition part, its indices split by ``client_splits``."""
     clients = []
     for cid, (indices, group) in enumerate(zip(parts, client_group)):
         splits = split_indices(indices, client_splits, split_rng, remainder=remainder)
@@ -76,10 +111,4 @@ def build_federated(
         clients.append(
             Client(cid, {k: torch.as_tensor(v, dtype=torch.int64) for k, v in splits.items()}, meta)
         )
-    seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
-    train, validation = seen, []
-    if validation_fraction:
-        kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
-        train, validation = [seen[i] for i in kept], [seen[i] for i in held]
-    return FederatedData(dataset, clients, train_clients=train, unseen_clients=unseen,
-                         validation_clients=validation)
+    return clients

@@ -19,6 +19,11 @@ harness default (``mode="overlap"``), step by step:
 ``mode="disjoint"``: clients stay disjoint; when the demands for class c exceed its supply, every
 client's demand for c is scaled by supply/demand (floored), so sizes then fall below ``min_size``.
 Each class's shuffled pool is handed out in client order.
+
+How much the overlap leaks: :func:`test_in_other_train_fraction` counts the test samples that are
+also in another client's training split (recorded per run as ``test_in_other_train_fraction`` in
+``run_info.json``); on MNIST with the CGPFL suites' sizes it is 71-79% (seeds 0-4: 76.6, 71.0, 72.7, 79.1,
+73.4%; ``mode="disjoint"``: 0).
 """
 from __future__ import annotations
 
@@ -92,3 +97,18 @@ def classes_and_sizes(
                 cursor[c] += take
             parts.append(rng.permutation(np.concatenate(chunks)))
     return [np.asarray(p, dtype=np.int64) for p in parts]
+
+
+def test_in_other_train_fraction(fed) -> float | None:
+    """The fraction of the pooled ``test`` samples that also lie in some *other* client's ``train``
+    split (same dataset row). A client's own splits are disjoint, so this is the fraction of test
+    rows found in any client's train split. None when no client has a ``test`` split."""
+    clients = [c for c in fed.clients if "test" in c.splits]
+    if not clients:
+        return None
+    in_train = np.zeros(len(fed.dataset), dtype=bool)
+    for c in fed.clients:
+        if "train" in c.splits:
+            in_train[c.splits["train"].cpu().numpy()] = True
+    test = np.concatenate([c.splits["test"].cpu().numpy() for c in clients])
+    return float(in_train[test].mean()) if len(test) else None

@@ -3,7 +3,8 @@
 Each registered loader is ``fn(data_dir: Path, split: str, download: bool, **params) -> ArrayDataset``
 with ``split`` in ``"train" | "test" | "all"`` (all = train then test). Torchvision datasets are
 read from their ``.data`` / ``.targets`` arrays (no per-item transforms). Missing files raise
-:class:`DatasetNotFoundError` with a one-line message naming the dataset, the directory and the fix.
+:class:`DatasetNotFoundError` with a one-line message naming the dataset, the directory and the fix;
+damaged idx files a :class:`~pfl_core.data.idx.DatasetFileError` naming the file and the problem.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torchvision import datasets as tv
 
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
+from pfl_core.data.idx import check_idx_folder
 from pfl_core.registry import Registry
 
 Loader = Callable[..., ArrayDataset]
@@ -105,8 +107,10 @@ def _mnist_like(
     split: str,
     download: bool,
     expected: Path,
+    stems: tuple[str, str] = ("train", "t10k"),
     transpose: bool = False,
 ) -> ArrayDataset:
+    check_idx_folder(title, expected.parent, list(stems))  # a damaged file says what is wrong
     parts = _open_splits(make, title, data_dir, split, download, expected)
     x = torch.cat([p.data for p in parts]).unsqueeze(1)
     if transpose:
@@ -152,7 +156,7 @@ def emnist(data_dir: Path, split: str, download: bool, emnist_split: str = "bycl
         lambda train, dl: tv.EMNIST(data_dir, split=emnist_split, train=train, download=dl),
         data_dir, split, download,
         data_dir / "EMNIST" / "raw" / f"emnist-{emnist_split}-train-images-idx3-ubyte",
-        transpose=True,
+        stems=(f"emnist-{emnist_split}-train", f"emnist-{emnist_split}-test"), transpose=True,
     )
 
 
@@ -201,6 +205,7 @@ def synthetic(data_dir: Path, split: str, download: bool, **params: Any) -> Arra
 
 
 synthetic.offline = True  # known before loading: reports flag offline cells up front
+synthetic.params_from = offline.synthetic  # its data.params, checked when a suite is loaded
 
 
 @DATASETS.register("digits28")
@@ -211,3 +216,11 @@ def digits28(data_dir: Path, split: str, download: bool, **params: Any) -> Array
 
 
 digits28.offline = True
+digits28.params_from = offline.digits28
+
+
+def loader_params(name: str) -> Callable:
+    """The function whose keyword parameters are dataset ``name``'s ``data.params`` (the loader, or
+    the generator it forwards ``**params`` to), for checking a suite's values by their annotations."""
+    loader = DATASETS.get(name)
+    return getattr(loader, "params_from", loader)

@@ -87,12 +87,14 @@ class ArrayDataset:
 NORMALIZATIONS = ("none", "pixel", "half")
 
 
-def standardize(dataset: ArrayDataset, mode: str, eps: float = 0.001) -> ArrayDataset:
+def standardize(dataset: ArrayDataset, mode: str, eps: float = 0.001,
+                rows: torch.Tensor | None = None) -> ArrayDataset:
     """Input normalisation chosen by a run's ``data.normalize``:
 
     * ``none``: the loader's own (inputs in [0, 1], or the dataset's published mean/std);
-    * ``pixel``: per-element standardisation over the whole loaded dataset,
-      (x - mean) / (std + eps), the pFedMe code's MNIST preprocessing (CGPFL spec, "Preprocessing");
+    * ``pixel``: per-element standardisation, (x - mean) / (std + eps), the statistics taken over
+      the whole loaded dataset (the pFedMe code's MNIST preprocessing, CGPFL spec, "Preprocessing")
+      or over ``rows`` only (a tuning run's training samples, ``data.normalize_stats``);
     * ``half``: (x - 0.5) / 0.5 per channel, i.e. ToTensor + Normalize(0.5, 0.5) (pFedMe's CIFAR-10).
     """
     if mode not in NORMALIZATIONS:
@@ -102,7 +104,8 @@ def standardize(dataset: ArrayDataset, mode: str, eps: float = 0.001) -> ArrayDa
     if mode == "half":
         channels = dataset.x.shape[1]
         return replace(dataset, mean=(0.5,) * channels, std=(0.5,) * channels)
-    x = dataset.x.float() / 255.0 if dataset.x.dtype == torch.uint8 else dataset.x.float()
+    x = dataset.x if rows is None else dataset.x[rows.to(dataset.x.device)]
+    x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
     return replace(dataset, mean=x.mean(0), std=x.std(0, unbiased=False) + eps)
 
 
@@ -128,6 +131,8 @@ class FederatedData:
     train_clients: list[int]
     unseen_clients: list[int] = field(default_factory=list)
     validation_clients: list[int] = field(default_factory=list)
+    partition_draws: int = 1
+    """Partitions drawn before this one was kept (``build_federated``'s ``min_train_size``)."""
 
     def __post_init__(self) -> None:
         groups = [("training", self.train_clients), ("unseen", self.unseen_clients),

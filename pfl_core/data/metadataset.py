@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pfl_core.config import PositiveInt
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError
 from pfl_core.data.federated import ArrayDataset
 
@@ -142,9 +143,9 @@ def metadataset(
     data_dir: Path,
     split: str,
     download: bool,
-    num_clients: int = 100,
-    images_per_class: int = 60,
-    classes_per_client: int = 10,
+    num_clients: PositiveInt = 100,
+    images_per_class: PositiveInt = 60,
+    classes_per_client: PositiveInt = 10,
     sources: Sequence[str] = SOURCES,
     client_seed: int = 0,
     image_size: int = 32,

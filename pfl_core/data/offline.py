@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveInt
 from pfl_core.data.federated import ArrayDataset
 
 
@@ -62,12 +63,12 @@ def synthetic_draws(
 
 
 def synthetic(
-    alpha: float = 0.5,
-    beta: float = 0.5,
-    num_users: int = 100,
-    num_features: int = 60,
-    num_classes: int = 10,
-    seed: int = 0,
+    alpha: NonNegativeFloat = 0.5,
+    beta: NonNegativeFloat = 0.5,
+    num_users: PositiveInt = 100,
+    num_features: PositiveInt = 60,
+    num_classes: PositiveInt = 10,
+    seed: NonNegativeInt = 0,
 ) -> ArrayDataset:
     """Synthetic(alpha, beta) of :func:`synthetic_draws` as float32 features (N, D).
 
@@ -88,7 +89,7 @@ def synthetic(
     )
 
 
-def digits28(size: int = 28) -> ArrayDataset:
+def digits28(size: PositiveInt = 28) -> ArrayDataset:
     """scikit-learn's bundled 8x8 digits (1,797 images, values 0..16) as uint8 1 x size x size.
 
     Values are scaled to 0..255, resized with bilinear interpolation (align_corners=False), rounded

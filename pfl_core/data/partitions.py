@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
@@ -36,8 +37,8 @@ def shards(
     num_clients: int,
     rng: np.random.Generator,
     *,
-    num_shards: int = 200,
-    shards_per_client: int = 2,
+    num_shards: PositiveInt = 200,
+    shards_per_client: PositiveInt = 2,
 ) -> list[np.ndarray]:
     """FedLab shards (cafeme.md, "Partition schemes", Shards).
 
@@ -66,9 +67,9 @@ def dirichlet(
     num_clients: int,
     rng: np.random.Generator,
     *,
-    alpha: float = 0.3,
-    min_size: int = 10,
-    max_tries: int = 1000,
+    alpha: PositiveFloat = 0.3,
+    min_size: NonNegativeInt = 10,
+    max_tries: PositiveInt = 1000,
 ) -> list[np.ndarray]:
     """FedLab ``hetero_dir_partition`` (cafeme.md, "Partition schemes", Dirichlet).
 
@@ -143,7 +144,7 @@ def _lda_fill(
 
 @PARTITIONERS.register("lda")
 def lda(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, alpha: float = 1.0
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, alpha: PositiveFloat = 1.0
 ) -> list[np.ndarray]:
     """flwr ``create_lda_partitions`` with equal client sizes (fedl2p.md, "Partitioning by LDA").
 
@@ -240,9 +241,9 @@ def classes_per_client(
     num_clients: int,
     rng: np.random.Generator,
     *,
-    classes_per_client: int = 2,
-    low: float = 0.4,
-    high: float = 0.6,
+    classes_per_client: PositiveInt = 2,
+    low: Probability = 0.4,
+    high: Probability = 0.6,
 ) -> list[np.ndarray]:
     """pFedHN/pFedGP split as in MetaVers (metavers.md, "Client split"): Step A then Step B.
 
@@ -262,7 +263,7 @@ def rotation_group_of(client_id: int, num_clients: int, num_groups: int) -> int:
 
 @PARTITIONERS.register("rotation_groups")
 def rotation_groups(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, num_groups: int = 10
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, num_groups: PositiveInt = 10
 ) -> list[np.ndarray]:
     """RMNIST default partition (cafeme.md, "RMNIST"): shuffle arange(N), cut into ``num_groups``
     equal chunks, cut chunk g into m = num_clients/num_groups clients g*m .. g*m+m-1."""

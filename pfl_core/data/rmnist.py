@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torchvision.transforms.functional import InterpolationMode, rotate
 
+from pfl_core.config import NonNegativeInt, PositiveInt
 from pfl_core.data.datasets import DATASETS, mnist
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.partitions import PARTITIONERS
@@ -62,9 +63,9 @@ def rmnist(
     data_dir: Path,
     split: str,
     download: bool,
-    num_groups: int = 10,
+    num_groups: PositiveInt = 10,
     angle_step: float = 20.0,
-    rotation_seed: int = 0,
+    rotation_seed: NonNegativeInt = 0,
 ) -> ArrayDataset:
     """Rotated MNIST: MNIST ``split`` (the spec uses ``train``), uint8 (N, 1, 28, 28), 10 classes.
 

@@ -13,6 +13,11 @@ Switches (named keyword arguments of the registered factories):
   (h * zeta_a + zeta_b, the paper's unstable ablation; doubles the FM output).
 * ``context_labels``: False (the code: the FM sees images only) or True (the paper:
   one-hot labels concatenated to the FM's image features).
+* ``fm_batchnorm`` (``cafeme_a`` only): True (the released code, commit 32a76fd: BatchNorm in the
+  FM's conv trunk) or False (the results-era code, commit 8ef6145, ``SimpleFNNModuleWithTE``: its
+  ``TaskEncoder`` trunk is Conv -> ReLU -> pool, the BN line commented out; 192 fewer
+  parameters). Issue 11's paper-scale A/B on RMNIST found no difference (shards 98.41 vs 98.44,
+  Dir 0.3 94.86 vs 94.64), so the default stays True.
 """
 from __future__ import annotations
 
@@ -93,11 +98,12 @@ class ModulatedCNN(nn.Module):
 
 @MODELS.register("cafeme_a")
 def cafeme_a(input_shape: tuple[int, ...], num_classes: int, modulation: str = "sigmoid",
-             context_labels: bool = False) -> nn.Module:
+             context_labels: bool = False, fm_batchnorm: bool = True) -> nn.Module:
     """Model A + FM for 1x28x28 (RMNIST, FEMNIST): FM trunk 2 conv blocks, per-sample
-    1024->100->200, D = 1632. 1,126,462 parameters for 10 classes (sigmoid, images only)."""
+    1024->100->200, D = 1632. 1,126,462 parameters for 10 classes (sigmoid, images only);
+    ``fm_batchnorm=False``: the results-era FM trunk without BatchNorm (module docstring)."""
     _check_shape("cafeme_a", input_shape, (1, 28, 28))
-    trunk = nn.Sequential(conv_block(1, 32, 5, 0), conv_block(32, 64, 5, 0))
+    trunk = nn.Sequential(conv_block(1, 32, 5, 0, fm_batchnorm), conv_block(32, 64, 5, 0, fm_batchnorm))
     return ModulatedCNN(cafeme_cnn_a(input_shape, num_classes), trunk, [1024, 100, 200],
                         num_classes, modulation, context_labels)
 

@@ -1,0 +1,154 @@
+"""Checkpoints (pfl_core.checkpoint; issue 15, item 10): a run stopped after a checkpoint and
+resumed from it gives exactly the numbers of an uninterrupted run - in one process, in lockstep on
+the batched path, and after a real SIGKILL of a ``pflbench run`` process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import pfl_core.experiment as experiment
+from pfl_core.checkpoint import Checkpointing
+from pfl_core.config import RunConfig
+from pfl_core.experiment import run_experiments
+from benchmarks.runner import KILL_HOOK_ENV
+from benchmarks.suite import load_suite
+from conftest import tiny_suite_dict, write_suite
+
+ROUNDS = 6
+
+
+def _config(method: str, seed: int) -> RunConfig:
+    params = {"lr": 0.05, "global_lr": 0.05, "personal_steps": 2, "global_steps": 2} if method == "ditto" else \
+        {"lr": 0.05, "local_steps": 2}
+    return RunConfig.from_dict({
+        "data": {"dataset": "digits28", "num_clients": 8, "unseen_fraction": 0.0, "client_splits": {"test": 0.2},
+                 "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20}},
+        "model": {"name": "mlr"},
+        "method": {"name": method, "params": params},
+        "federation": {"rounds": ROUNDS, "clients_per_round": 3, "batch_size": 10, "reshuffle": True, "eval_every": 2},
+        "evaluation": {"protocol": "seen", "params": {"steps": 2, "lr": 0.05}},
+        "seed": seed,
+    })
+
+
+class Stop(Exception):
+    pass
+
+
+def _stop_after(round_no: int):
+    def on_round(round_idx: int, _metrics: dict) -> None:
+        if round_idx + 1 == round_no:
+            raise Stop
+    return on_round
+
+
+def _same(a, b) -> None:
+    assert a.metrics == b.metrics
+    assert a.history == b.history
+    assert a.clients == b.clients
+    assert a.curve_mean == b.curve_mean
+
+
+@pytest.mark.parametrize("method,seeds,execution", [("ditto", [0], "sequential"), ("fedavg", [0, 1], "batched")])
+def test_resumed_run_equals_uninterrupted_run(tmp_path, method, seeds, execution):
+    """Ditto keeps per-client personal models and optimiser state; the batched lockstep case saves
+    and resumes two seeds together. Stopped after round 5, resumed from the checkpoint of round 4."""
+    cfgs = [_config(method, s) for s in seeds]
+    reference = run_experiments(cfgs, device="cpu", execution=execution)
+    saving = Checkpointing([tmp_path / f"run{s}.pt" for s in seeds], every=2)
+    with pytest.raises(Stop):
+        run_experiments(cfgs, device="cpu", execution=execution, on_round=_stop_after(5), checkpointing=saving)
+    assert all(p.is_file() for p in saving.paths)
+    assert {torch.load(p, weights_only=False)["next_round"] for p in saving.paths} == {4}
+    resumed = run_experiments(cfgs, device="cpu", execution=execution, checkpointing=saving)
+    for ref, res in zip(reference, resumed):
+        _same(ref, res)
+        assert res.info["resumed_from_round"] == 4 and "resumed_from_round" not in ref.info
+
+
+def test_resume_skips_the_warm_start_and_still_matches(tmp_path, monkeypatch):
+    cfg = RunConfig.from_dict({**_config("fedavg", 0).to_dict(),
+                               "model": {"name": "mlr", "warm_start": [{"name": "fedavg", "params": {"lr": 0.05}}]}})
+    reference = run_experiments([cfg], device="cpu")
+    saving = Checkpointing([tmp_path / "run.pt"], every=2)
+    with pytest.raises(Stop):
+        run_experiments([cfg], device="cpu", on_round=_stop_after(3), checkpointing=saving)
+    calls = []
+    real = experiment.warm_start
+    monkeypatch.setattr(experiment, "warm_start", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _same(reference[0], run_experiments([cfg], device="cpu", checkpointing=saving)[0])
+    assert calls == []
+
+
+def test_incomplete_checkpoints_start_again(tmp_path):
+    cfgs = [_config("fedavg", s) for s in (0, 1)]
+    saving = Checkpointing([tmp_path / "a.pt", tmp_path / "b.pt"], every=2)
+    with pytest.raises(Stop):
+        run_experiments(cfgs, device="cpu", on_round=_stop_after(3), checkpointing=saving)
+    saving.paths[1].unlink()  # one run of the lockstep group lost its file
+    assert saving.available() is None
+    saving.paths[0].write_bytes(b"truncated")
+    assert Checkpointing([saving.paths[0]], every=2).available() is None
+    result = run_experiments(cfgs, device="cpu", checkpointing=saving)
+    assert all("resumed_from_round" not in r.info for r in result)
+    assert not Checkpointing([tmp_path / "x.pt"], every=2).due(5, 6)  # never after the last round
+    with pytest.raises(ValueError, match="checkpoint every must be >= 1"):
+        Checkpointing([tmp_path / "x.pt"], every=0)
+
+
+def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
+    """A real ``pflbench run`` process (--jobs 1: the run computes in it) SIGKILLs itself after
+    round 5 of a 6-round run (checkpoints after rounds 2 and 4); the next ``pflbench run`` marks the
+    stale run KILLED, resumes it from round 4, and logs exactly the metrics of an uninterrupted run."""
+    data = tiny_suite_dict()
+    data["profiles"]["smoke"]["set"]["federation.rounds"] = ROUNDS
+    data["profiles"]["smoke"]["seeds"] = [0]
+    suite_path = write_suite(tmp_path / "mini.yaml", data)
+    (spec,) = load_suite(suite_path).expand("smoke", only={"setting": ["dir"], "method": ["fedavg_ft"]})
+    armed = tmp_path / "armed"
+    armed.mkdir()
+    (armed / f"{spec.config_hash}.round5").touch()
+
+    def pflbench(store: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "benchmarks.cli", "run", str(suite_path), "--profile", "smoke",
+               "--only", "setting=dir", "--only", "method=fedavg_ft", "--device", "cpu",
+               "--tracking-uri", f"sqlite:///{tmp_path}/{store}/mlflow.db", "--checkpoint-every", "2"]
+        return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **(env_extra or {})})
+
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "plain").mkdir()
+    killed = pflbench("killed", {KILL_HOOK_ENV: str(armed)})
+    assert killed.returncode == -9, killed.stdout + killed.stderr  # really SIGKILLed
+    assert (tmp_path / "killed" / "checkpoints" / f"{spec.config_hash}.pt").is_file()
+    resumed = pflbench("killed")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert not (tmp_path / "killed" / "checkpoints" / f"{spec.config_hash}.pt").exists()  # deleted once logged
+    plain = pflbench("plain")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+
+    def finished(store: str):
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/{store}/mlflow.db")
+        exp = client.get_experiment_by_name("tiny/mini").experiment_id
+        runs = client.search_runs([exp])
+        done = [r for r in runs if r.info.status == "FINISHED"]
+        assert len(done) == 1
+        history = {key: [(m.step, m.value) for m in client.get_metric_history(done[0].info.run_id, key)]
+                   for key in ("round/train_loss", "curve/acc")}
+        return runs, done[0], history
+
+    runs, after, after_history = finished("killed")
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
+    assert after.data.tags["resumed_from_round"] == "4"
+    _, reference, reference_history = finished("plain")
+    assert "resumed_from_round" not in reference.data.tags
+    drop = {"wall_s"}
+    assert {k: v for k, v in after.data.metrics.items() if k not in drop} == \
+        {k: v for k, v in reference.data.metrics.items() if k not in drop}
+    assert sorted(after_history["round/train_loss"]) == sorted(reference_history["round/train_loss"])
+    assert sorted(after_history["curve/acc"]) == sorted(reference_history["curve/acc"])
