@@ -81,7 +81,8 @@ def test_a_sweep_on_a_tracking_server_never_prints_the_password(server, tmp_path
     assert "View run" in output  # MLflow's own line is printed, without the password
     assert f"store: {server}" in output
     runs = MlflowClient(server).search_runs([MlflowClient(server).get_experiment_by_name("tiny/mini").experiment_id])
-    assert [r.info.status for r in runs] == ["FINISHED"]
+    kinds = sorted((r.data.tags.get("run_kind"), r.info.status) for r in runs)
+    assert kinds == [("cell", "FINISHED"), ("sweep", "FINISHED")]  # the run and its sweep's parent run
 
 
 def test_an_unreachable_server_fails_at_once_in_one_line(tmp_path):
