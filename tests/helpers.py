@@ -1,9 +1,27 @@
 """Tiny hand-made federated data for core tests."""
 from __future__ import annotations
 
+import pytest
 import torch
 
+from pfl_core.algorithms import METHODS
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny problems: intra-op threads only add contention (and runs stay bit-reproducible).
+    A module uses it with ``pytestmark = pytest.mark.usefixtures("one_thread")`` after importing it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_method(name: str, model, **hp):
+    """The registered method ``name`` on ``model`` with hyperparameters ``hp`` (the rest defaults)."""
+    cls = METHODS.get(name)
+    return cls(model, cls.hyper_class.from_dict(hp))
 
 
 def tiny_federation(sizes=(6, 4, 5), features=3, classes=3, unseen=(), seed=0, test=2) -> FederatedData:

@@ -25,22 +25,13 @@ from pfl_core.models import build_model, count_parameters
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
 from tests.conftest import REPO_ROOT
-from tests.helpers import tiny_federation
+from tests.helpers import make_method, one_thread, tiny_federation  # noqa: F401 (fixture)
 from tests.test_training import _mlr_grad
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny problems: intra-op threads only add contention (and runs stay bit-reproducible)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _algorithm(name, model, **hp):
-    cls = METHODS.get(name)
-    return cls(model, cls.hyper_class.from_dict(hp))
 
 
 def _federate(alg, fed, model, rounds=3, batch_size=2, init=None):
@@ -57,8 +48,8 @@ def test_cgpfl_with_one_context_equals_pfedme_exactly():
     model = build_model("mlr", (3,), 3)
     init = model_params(model)
     shared = dict(lr=0.05, personal_lr=0.1, lam=12.0, inner_steps=3, local_rounds=4)
-    pfedme = _algorithm("pfedme", model, **shared, beta=1.0, weighting="uniform")
-    cgpfl = _algorithm("cgpfl", model, **shared, num_clusters=1, alpha=1.0)
+    pfedme = make_method("pfedme", model, **shared, beta=1.0, weighting="uniform")
+    cgpfl = make_method("cgpfl", model, **shared, num_clusters=1, alpha=1.0)
     a = _federate(pfedme, fed, model, init=init)
     b = _federate(cgpfl, fed, model, init=init)
     for name in init:
@@ -96,7 +87,7 @@ def test_kmeans_recovers_planted_clusters_and_is_seeded():
 def test_cgpfl_server_step_sets_contexts_to_cluster_means_and_reassigns_clients():
     x, truth = _planted(per=4, dim=4)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))  # 4 parameters
-    alg = _algorithm("cgpfl", model, num_clusters=3, alpha=1.0)
+    alg = make_method("cgpfl", model, num_clusters=3, alpha=1.0)
     server = alg.init_server({"0.weight": torch.zeros(2, 2, dtype=torch.float64)})
     updates = [ContextUpdate({"0.weight": torch.tensor(row).view(2, 2)}, 10, torch.tensor(0.0), cid=i)
                for i, row in enumerate(x)]
@@ -111,7 +102,7 @@ def test_cgpfl_server_step_sets_contexts_to_cluster_means_and_reassigns_clients(
 
 def test_cgpfl_alpha_step_and_empty_cluster_keeps_its_centre():
     model = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False))
-    alg = _algorithm("cgpfl", model, num_clusters=3, alpha=0.5)
+    alg = make_method("cgpfl", model, num_clusters=3, alpha=0.5)
     server = alg.init_server({"0.weight": torch.zeros(1, 1, dtype=torch.float64)})
     # two distinct uploads for K = 3: one context stays empty and keeps omega^0 = 0
     values = [4.0, 4.0, 8.0, 8.0]
@@ -135,7 +126,7 @@ def test_cgpfl_clients_start_from_their_own_context_model():
 
     fed = tiny_federation(sizes=(3, 3, 3))
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
-    alg = _algorithm("cgpfl", model, num_clusters=2)
+    alg = make_method("cgpfl", model, num_clusters=2)
     server = alg.init_server({"0.weight": torch.zeros(2, 2, dtype=torch.float64)})
     centres = [{"0.weight": torch.full((2, 2), float(v), dtype=torch.float64)} for v in (1, 2)]
     server = {**server, "centers": centres, "assign": {0: 1, 1: 0}}
@@ -150,7 +141,7 @@ def test_cgpfl_heur_chooses_k_once_and_records_it():
     uploads would choose another K; the run records the choice."""
     x, _ = _planted(per=4, dim=4)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))
-    alg = _algorithm("cgpfl_heur", model, mu=1.0, mu_scale="absolute")
+    alg = make_method("cgpfl_heur", model, mu=1.0, mu_scale="absolute")
     server = alg.init_server({"0.weight": torch.zeros(2, 2, dtype=torch.float64)})
     server = alg.aggregate(server, _uploads(x))
     assert server["num_clusters"] == 3 and server["heur"]["chosen"] == 3
@@ -238,7 +229,7 @@ def test_apfl_runs_and_predicts_with_the_mixture():
     fed = tiny_federation()
     torch.manual_seed(0)
     model = build_model("mlr", (3,), 3)
-    alg = _algorithm("apfl", model, lr=0.1, local_steps=3)
+    alg = make_method("apfl", model, lr=0.1, local_steps=3)
     result = _federate(alg, fed, model, rounds=2)
     state = result.contexts[0].state
     mixed = alg.predictor(result.server, result.contexts[0])
@@ -283,7 +274,7 @@ def test_l2sgd_runs_on_a_tiny_federation():
     fed = tiny_federation()
     torch.manual_seed(0)
     model = build_model("mlr", (3,), 3)
-    result = _federate(_algorithm("l2sgd", model, lr=0.05, lam=1.0, p=0.3), fed, model, rounds=4)
+    result = _federate(make_method("l2sgd", model, lr=0.05, lam=1.0, p=0.3), fed, model, rounds=4)
     assert np.isfinite(result.final.summary["acc_weighted"])
 
 

@@ -19,22 +19,14 @@ from pfl_core.federation import run_federation
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
-from tests.helpers import tiny_federation
+from tests.helpers import make_method, one_thread, tiny_federation  # noqa: F401 (fixture)
 
 FULL_BATCH = 64  # > every tiny client's train split: one batch = the whole split
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make(name, model, **hp):
-    cls = METHODS.get(name)
-    return cls(model, cls.hyper_class.from_dict(hp))
 
 
 def federate(alg, fed, init, rounds):
@@ -96,7 +88,7 @@ def test_pfedme_matches_its_authors_code_round_for_round(theta_start):
     torch.manual_seed(0)
     model = build_model("mlr", (3,), 3)
     init = model_params(model)
-    alg = make("pfedme", model, **PFEDME, theta_start=theta_start)
+    alg = make_method("pfedme", model, **PFEDME, theta_start=theta_start)
     result = federate(alg, fed, init, rounds=3)
     w, thetas, locals_ = reference_pfedme(model, fed, init, 3, **PFEDME, persist=theta_start == "persist")
     assert close(result.server["params"], w)
@@ -104,7 +96,7 @@ def test_pfedme_matches_its_authors_code_round_for_round(theta_start):
         ctx = result.contexts[cid]
         assert close(ctx.state["theta"], thetas[cid]) and close(ctx.state["local"], locals_[cid])
         assert close(alg.predictor(result.server, ctx), locals_[cid])  # default: the code's PM = w_i
-    theta_alg = make("pfedme", model, **PFEDME, theta_start=theta_start, predictor="theta")
+    theta_alg = make_method("pfedme", model, **PFEDME, theta_start=theta_start, predictor="theta")
     ctx = result.contexts[0]
     assert close(theta_alg.predictor(result.server, ctx), thetas[0])
     assert not close(thetas[0], locals_[0], atol=1e-3)  # the two predictors really differ here
@@ -150,7 +142,7 @@ def test_l2sgd_applies_each_rounds_aggregation_steps():
     model = build_model("mlr", (3,), 3)
     init = model_params(model)
     hp = dict(lr=0.05, lam=1.0, p=0.3)
-    alg = make("l2sgd", model, **hp)
+    alg = make_method("l2sgd", model, **hp)
     alg.seed = 2  # a chain with L = 0 in round 0 and runs of J = 4 and 2 aggregation steps
     result = federate(alg, fed, init, rounds=4)
     x_bar, xs = reference_l2sgd(model, fed, init, 4, **hp, seed=(2, 0))
@@ -170,7 +162,7 @@ def test_l2sgd_mean_regularized_is_the_ditto_codes_l2sgd():
     model = build_model("mlr", (3,), 3)
     init = model_params(model)
     lr, lam, steps = 0.1, 2.0, 3
-    alg = make("l2sgd", model, variant="mean_regularized", lr=lr, lam=lam, local_steps=steps, p=0.99)
+    alg = make_method("l2sgd", model, variant="mean_regularized", lr=lr, lam=lam, local_steps=steps, p=0.99)
     result = federate(alg, fed, init, rounds=3)
     x_bar, xs = dict(init), {cid: dict(init) for cid in fed.train_clients}
     for _ in range(3):
@@ -194,7 +186,7 @@ def test_apfl_state_over_several_rounds():
     model = build_model("mlr", (3,), 3)
     init = model_params(model)
     lr, steps = 0.3, 2
-    alg = make("apfl", model, lr=lr, local_steps=steps, alpha_init=0.5)
+    alg = make_method("apfl", model, lr=lr, local_steps=steps, alpha_init=0.5)
     result = federate(alg, fed, init, rounds=3)
     glob = dict(init)
     v = {cid: dict(init) for cid in fed.train_clients}
@@ -241,7 +233,7 @@ def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
         stream = BatchStream(fed.clients[0].splits["train"], 3, torch.Generator().manual_seed(0), reshuffle=False)
         return ClientContext(fed.clients[0], fed.dataset, {"train": stream})
 
-    alg = make("ditto", model, **hp, schedule="interleaved")
+    alg = make_method("ditto", model, **hp, schedule="interleaved")
     ctx = context()
     plan = alg.draw(ctx, 0)
     ref = context()
@@ -249,7 +241,7 @@ def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
     assert [b.tolist() for b in plan["global"]] == [b.tolist() for b in plan["personal"]]
     assert [b.tolist() for b in plan["personal"]] == [b.tolist() for b in order[:2]]
     assert ctx.next_index().tolist() == order[2].tolist()  # two batches consumed, not four
-    sequential = make("ditto", model, **hp).draw(context(), 0)
+    sequential = make_method("ditto", model, **hp).draw(context(), 0)
     assert [b.tolist() for b in sequential["global"]] == [b.tolist() for b in order[2:]]
 
     batches = [fed.dataset.batch(i) for i in plan["personal"]]

@@ -135,7 +135,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     def finished(store: str):
         client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/{store}/mlflow.db")
         exp = client.get_experiment_by_name("tiny/mini").experiment_id
-        runs = client.search_runs([exp])
+        runs = client.search_runs([exp], "tags.run_kind = 'cell'")  # not the sweeps' parent runs
         done = [r for r in runs if r.info.status == "FINISHED"]
         assert len(done) == 1
         history = {key: [(m.step, m.value) for m in client.get_metric_history(done[0].info.run_id, key)]

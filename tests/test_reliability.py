@@ -32,7 +32,7 @@ def _isolated(isolated):
 def finished_metrics(uri: str, suite_key: str) -> dict[str, dict]:
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(suite_key)
-    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'")
+    runs = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED' and tags.run_kind = 'cell'")
     out = {}
     for run in runs:
         history = client.get_metric_history(run.info.run_id, "round/train_loss")
