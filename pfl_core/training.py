@@ -8,6 +8,7 @@ one model (the sequential path, cheapest there) and ``torch.func.grad_and_value`
 ``torch.func`` transform (the batched path), so a method's update is written once for both."""
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Iterable, Mapping
 
 import torch
@@ -29,6 +30,17 @@ def clone_params(params: Mapping[str, torch.Tensor]) -> Params:
 
 def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return functional_call(model, dict(params), (x,))
+
+
+def embed(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The model's feature embedding of ``x`` (``forward(x, embed=True)``): the layer prototype
+    methods and the ``-Proto`` evaluation read (e.g. ReLU(fc2) of ``lenet``)."""
+    if "embed" not in inspect.signature(model.forward).parameters:
+        raise ValueError(
+            f"model {type(model).__name__} has no feature embedding: its forward takes no "
+            "``embed`` flag (prototype methods and -Proto evaluation need one, e.g. model lenet)"
+        )
+    return functional_call(model, dict(params), (x,), {"embed": True})
 
 
 def batch_loss(model: nn.Module, params: Mapping[str, torch.Tensor], x, y) -> torch.Tensor:
