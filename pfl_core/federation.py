@@ -136,7 +136,7 @@ class Federation:
             raise DivergenceError(f"non-finite training loss ({loss}) in round {round_idx + 1}")
         self.result.server = self.algorithm.aggregate(self.server, updates)
         _check_finite(self.server, round_idx)
-        metrics = {"round": round_idx + 1, "train_loss": loss}
+        metrics = {"round": round_idx + 1, "train_loss": loss, **self.algorithm.round_metrics(self.server)}
         last = round_idx == self.cfg.rounds - 1
         every = self.cfg.eval_every
         if self.evaluate_clients and (last or (every and (round_idx + 1) % every == 0)):

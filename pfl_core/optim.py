@@ -37,14 +37,19 @@ def init_optimizer_state(name: str, params: Mapping[str, torch.Tensor]) -> dict:
 
 
 def optimizer_step(name: str, params: Params, grads: Mapping[str, torch.Tensor], state: dict,
-                   lr: float) -> tuple[Params, dict]:
+                   lr: float, weight_decay: float = 0.0) -> tuple[Params, dict]:
     """One update of ``params`` (only the names in ``grads``); returns (new params, new state).
+
+    ``weight_decay`` is torch's coupled L2 (``torch.optim.Adam(weight_decay=...)``, not AdamW):
+    g <- g + weight_decay * p before the moments (the MetaVers code's CIFAR-10 optimizer).
 
     Adam, as ``torch.optim.Adam`` (single-tensor form): m <- lerp(m, g, 1 - b1);
     v <- b2 v + (1 - b2) g^2; p <- p - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps).
     The step count t is a tensor so that clients with different counts can be stacked.
     """
     with torch.no_grad():
+        if weight_decay:
+            grads = {k: g + weight_decay * params[k] for k, g in grads.items()}
         if name == "sgd":
             return {k: p - lr * grads[k] if k in grads else p for k, p in params.items()}, state
         if name != "adam":

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_map
 
 Params = dict[str, torch.Tensor]
 
@@ -53,20 +54,25 @@ def in_transform() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
-def value_and_grad(loss_fn: Callable[..., torch.Tensor], params: Params, *args) -> tuple[Params, torch.Tensor]:
+def value_and_grad(loss_fn: Callable[..., torch.Tensor], params: Params, *args,
+                   has_aux: bool = False) -> tuple[Params, torch.Tensor]:
     """(d loss_fn(params, *args) / d params, loss) with the loss detached.
 
     Outside any transform: ``torch.autograd.grad`` on detached leaf copies (the sequential path,
     unchanged numbers). Inside one: ``torch.func.grad_and_value``, which composes with ``vmap``
-    over stacked clients and with an outer ``grad`` (second-order methods)."""
+    over stacked clients and with an outer ``grad`` (second-order methods).
+
+    ``has_aux``: ``loss_fn`` returns ``(loss, aux)`` (a pytree of tensors, e.g. a statistic the
+    loss computed on the way); the result is then ``(grads, (loss, aux))``, both detached."""
+    detach = lambda out: tree_map(lambda t: t.detach(), out)
     if in_transform():
-        grads, loss = torch.func.grad_and_value(loss_fn)(dict(params), *args)
-        return grads, loss.detach()
+        grads, out = torch.func.grad_and_value(loss_fn, has_aux=has_aux)(dict(params), *args)
+        return grads, detach(out)
     with torch.enable_grad():
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-        loss = loss_fn(leaves, *args)
-        grads = torch.autograd.grad(loss, list(leaves.values()))
-    return dict(zip(leaves, grads)), loss.detach()
+        out = loss_fn(leaves, *args)
+        grads = torch.autograd.grad(out[0] if has_aux else out, list(leaves.values()))
+    return dict(zip(leaves, grads)), detach(out)
 
 
 def gradients(model: nn.Module, params: Params, x, y) -> tuple[Params, torch.Tensor]:

@@ -74,6 +74,29 @@ def tiny_modulated(classes=3):
     return ModulatedCNN(tiny_cnn(classes), trunk, [36, 6], classes)
 
 
+def balanced_image_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
+    """``image_federation`` whose clients hold their classes in turn (equal episode shapes)."""
+    fed = image_federation(sizes, classes, test, seed)
+    fed.dataset.y = torch.arange(len(fed.dataset.y)) % classes
+    return fed
+
+
+class TinyEmbedding(nn.Module):
+    """An embedding network (``embed`` flag, as the LeNet family) for 1x6x6 images; ``batchnorm``
+    makes the episode's forward passes differ (MetaVers ``ce_forward``)."""
+
+    def __init__(self, batchnorm=False):
+        super().__init__()
+        self.features = conv_block(1, 2, 3, 1, batchnorm=batchnorm)
+        self.fc = nn.Linear(18, 4)
+
+    def forward(self, x, embed=False):
+        return self.fc(self.features(x).flatten(1))
+
+
+#: MetaVers episodes: K = 1 shot, Q = 1 query; W = 0 so that rounds 1-2 mix in the triplet loss
+METAVERS = {"shot": 1, "query": 1, "warmup": 0, "gamma": 0.4, "lr": 0.01}
+
 #: pFedMe / CGPFL local training: R = 2 local rounds of K = 2 inner steps
 PROX = {"lr": 0.05, "personal_lr": 0.1, "lam": 5.0, "inner_steps": 2, "local_rounds": 2}
 
@@ -117,6 +140,12 @@ CASES = {
                          flat_federation),
     # the run's coin flips (seed 11): L = 0 (loss only), 3, then 2 local steps
     "l2sgd": ("l2sgd", {"lr": 0.1, "lam": 1.0, "p": 0.3}, dnn, flat_federation),
+    "metavers": ("metavers", METAVERS, lambda: TinyEmbedding(batchnorm=True), balanced_image_federation),
+    # random labels: short classes take the R* fallback, episodes of several shapes in one round
+    "metavers-fallback": ("metavers", {**METAVERS, "shot": 2, "weight_decay": 0.01}, TinyEmbedding, image_federation),
+    "metavers-novel": ("metavers", {**METAVERS, "margin_update": "client", "first_round": 1, "ce_forward": "joint",
+                                    "margin_window": 4, "lr_step": 2}, lambda: TinyEmbedding(batchnorm=True),
+                       balanced_image_federation),
     "l2sgd-mean-regularized": ("l2sgd", {"variant": "mean_regularized", "lr": 0.1, "lam": 1.0, "local_steps": 2},
                                dnn, flat_federation),
 }

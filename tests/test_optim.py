@@ -50,3 +50,21 @@ def test_sgd_and_partial_updates():
 def test_unknown_optimizer_is_rejected():
     with pytest.raises(ValueError, match="unknown optimizer"):
         init_optimizer_state("lbfgs", {"w": torch.zeros(1)})
+
+
+def test_adam_weight_decay_is_torchs_coupled_l2():
+    """``weight_decay`` adds wd * p to the gradient before the moments, as
+    ``torch.optim.Adam(weight_decay=...)`` (not AdamW; the MetaVers code's CIFAR-10 server)."""
+    p0 = {"w": torch.tensor([1.0, -2.0, 0.5])}
+    ref = torch.nn.Parameter(p0["w"].clone())
+    ref_opt = torch.optim.Adam([ref], lr=0.01, weight_decay=0.1)
+    params, state = p0, init_optimizer_state("adam", p0)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        g = torch.randn(3, generator=gen)
+        params, state = optimizer_step("adam", params, {"w": g}, state, 0.01, weight_decay=0.1)
+        ref.grad = g.clone()
+        ref_opt.step()
+    torch.testing.assert_close(params["w"], ref.detach())
+    plain, _ = optimizer_step("adam", p0, {"w": torch.ones(3)}, init_optimizer_state("adam", p0), 0.01)
+    assert not torch.allclose(plain["w"], params["w"])

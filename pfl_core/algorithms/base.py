@@ -171,6 +171,11 @@ class Algorithm(ABC):
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""
         return server["params"]
 
+    def round_metrics(self, server: ServerState) -> dict[str, float]:
+        """Method-specific statistics of the round just aggregated (host floats), added to the
+        round's history row (logged as ``round/<key>``); none by default."""
+        return {}
+
     def run_info(self, server: ServerState) -> dict:
         """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the
         method made while training; none by default."""
