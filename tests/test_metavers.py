@@ -475,3 +475,19 @@ def test_equal_episodes_of_a_round_run_as_one_vmap_call(monkeypatch):
     run_federation(alg, fed, model_params(model), FederationConfig(rounds=2, clients_per_round=3, batch_size=4),
                    SeenClients(EvalConfig(reduction="sample")), RunStreams(0), executor=Executor("batched"))
     assert len(calls) == 2  # one stacked call per round for its three equal episodes
+
+
+def test_the_paper_update_uploads_theta_minus_eta_grad_and_the_code_uploads_the_gradient():
+    xs, ys, xq, yq = episode_batch()
+    batches = {"support": (xs.unsqueeze(0), ys.unsqueeze(0)), "query": (xq.unsqueeze(0), yq.unsqueeze(0))}
+    code, paper = metavers(shot=2, query=2), metavers(shot=2, query=2, update="local_sgd", local_lr=0.1)
+    server = code.init_server(model_params(code.model))
+    carry = {
+        "params": server["params"], "m_global": torch.tensor(0.0, dtype=torch.float64),
+        "w_s": torch.tensor(1.0, dtype=torch.float64), "w_t": torch.tensor(0.0, dtype=torch.float64)}
+    grads, ce, _ = grads_of(code, 0.0, 1.0, 0.0)
+    out, loss = code.local_update(carry, batches, {})
+    assert float(loss) == pytest.approx(ce)
+    assert_grads(out["upload"], grads)
+    out, _ = paper.local_update(carry, batches, {})
+    assert_grads(out["upload"], {k: p - 0.1 * grads[k] for k, p in server["params"].items()})
