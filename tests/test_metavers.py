@@ -491,3 +491,34 @@ def test_the_paper_update_uploads_theta_minus_eta_grad_and_the_code_uploads_the_
     assert_grads(out["upload"], grads)
     out, _ = paper.local_update(carry, batches, {})
     assert_grads(out["upload"], {k: p - 0.1 * grads[k] for k, p in server["params"].items()})
+
+
+def test_a_run_resumed_from_a_checkpoint_continues_the_margins_episodes_and_adam(tmp_path):
+    """The server's margin list, m_global, round counter and Adam state, and every client's
+    episode generator, survive a checkpoint: 4 rounds = 2 rounds, save, fresh objects, 2 more."""
+    from pfl_core.checkpoint import Checkpointing
+    from pfl_core.engine import Executor
+    from pfl_core.federation import Federation, lockstep_round, run_lockstep
+
+    def federation():
+        fed = image_data(num_clients=4)
+        torch.manual_seed(0)
+        model = build_model("le_embedding", (3, 32, 32), 4)
+        alg = make_method("metavers", model, shot=2, query=3, warmup=1, margin_window=3)
+        cfg = FederationConfig(rounds=4, clients_per_round=2, batch_size=4)
+        return Federation(alg, fed, model_params(model), cfg, SeenClients(EvalConfig(reduction="sample")),
+                          RunStreams(0))
+
+    reference = run_lockstep([federation()], Executor("sequential"))[0]
+    saving = Checkpointing([tmp_path / "run.pt"], every=2)
+    first = federation()
+    for r in range(2):
+        lockstep_round([first], Executor("sequential"), r)
+    saving.save([first], 1)
+    resumed = federation()
+    start = saving.restore([resumed], saving.available(), torch.device("cpu"))
+    result = run_lockstep([resumed], Executor("sequential"), start_round=start)[0]
+    assert start == 2
+    assert result.history == reference.history
+    assert result.server["margins"] == reference.server["margins"] and len(result.server["margins"]) == 3
+    torch.testing.assert_close(result.server["params"], reference.server["params"], rtol=0, atol=0)
