@@ -165,6 +165,7 @@ class MetaVers(Algorithm):
         self._pools: dict[int, list[torch.Tensor]] = {}
         self._drawn: dict[int, Episode] = {}
         self._round_margins: list[float] = []  # margin_update=client: this round's d so far
+        self._prototype_cache: tuple | None = None  # (params, cid, prototypes, present) for logits
 
     # -- schedule -----------------------------------------------------------------------------------
     @property
@@ -363,11 +364,21 @@ class MetaVers(Algorithm):
         if client is None:
             raise ValueError("metavers classifies by prototypes of each client's train split: evaluate it "
                              "with the 'proto' protocol or sequentially (logits needs the client)")
-        index = client.client.splits["train"]
-        train_x, train_y = client.dataset.batch(index)
-        classes = client.dataset.num_classes
-        prototypes = class_prototypes(embed(self.model, params, train_x), train_y, classes)
-        present = torch.bincount(train_y, minlength=classes) > 0
+        prototypes, present = self._train_prototypes(params, client)
         logits = -distances(embed(self.model, params, x), prototypes, squared=True)
         floor = logits.masked_fill(~present, float("inf")).amin(1, keepdim=True) - 1e3
         return torch.where(present, logits, floor)
+
+    def _train_prototypes(self, params: Params, client: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prototypes [classes, d], bool mask of the classes present) of the client's train split,
+        computed once per (parameters, client) while its evaluation batches are scored."""
+        cached = self._prototype_cache
+        if cached is not None and cached[0] is params and cached[1] == client.cid:
+            return cached[2], cached[3]
+        train_x, train_y = client.dataset.batch(client.client.splits["train"])
+        classes = client.dataset.num_classes
+        with torch.no_grad():
+            prototypes = class_prototypes(embed(self.model, params, train_x), train_y, classes)
+        present = torch.bincount(train_y, minlength=classes) > 0
+        self._prototype_cache = (params, client.cid, prototypes, present)
+        return prototypes, present
