@@ -537,3 +537,39 @@ def test_a_run_resumed_from_a_checkpoint_continues_the_margins_episodes_and_adam
     assert result.history == reference.history
     assert result.server["margins"] == reference.server["margins"] and len(result.server["margins"]) == 3
     torch.testing.assert_close(result.server["params"], reference.server["params"], rtol=0, atol=0)
+
+
+class BatchNormEmbedding(nn.Module):
+    """Linear -> BatchNorm (batch statistics): embeddings depend on the batch they are computed in."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+        self.bn = nn.BatchNorm1d(2, track_running_stats=False)
+
+    def forward(self, x, embed=False):
+        return self.bn(self.fc(x))
+
+
+@pytest.mark.parametrize("ce_forward", ["split", "joint"])
+def test_ce_forward_chooses_the_codes_passes_under_batch_statistics(ce_forward):
+    """split (util.meta_update): support and query embedded in two batches; joint
+    (meta_update_frl): the whole episode in one. Without BatchNorm one pass serves both."""
+    torch.manual_seed(0)
+    alg = make_method("metavers", BatchNormEmbedding().double(), loss="ce", shot=2, query=2, ce_forward=ce_forward)
+    assert alg.batch_statistics
+    _, loss, _ = grads_of(alg, 0.0, 1.0, 0.0)
+    xs, ys, xq, yq = episode_batch()
+    with torch.no_grad():
+        if ce_forward == "split":
+            es, eq = alg.model(xs), alg.model(xq)
+        else:
+            both = alg.model(torch.cat([xs, xq]))
+            es, eq = both[:6], both[6:]
+    onehot = torch.nn.functional.one_hot(yq - 4, 3).double()
+    assert loss == pytest.approx(float(prototypical_ce(es, eq, onehot, shot=2)))
+    other = make_method("metavers", BatchNormEmbedding().double(), loss="ce", shot=2, query=2,
+                        ce_forward="joint" if ce_forward == "split" else "split")
+    other.model.load_state_dict(alg.model.state_dict())
+    assert grads_of(other, 0.0, 1.0, 0.0)[1] != pytest.approx(loss)  # the passes really differ
+    assert not metavers().batch_statistics
