@@ -28,6 +28,7 @@ from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
+from tests.helpers import TinyLeNet
 
 # float64: a real mismatch is O(lr); Adam on the (mathematically zero) gradient of a bias before a
 # BatchNorm turns 1e-17 noise into O(lr) steps in either path, hence the absolute slack
@@ -119,6 +120,14 @@ CASES = {
     "l2sgd": ("l2sgd", {"lr": 0.1, "lam": 1.0, "p": 0.3}, dnn, flat_federation),
     "l2sgd-mean-regularized": ("l2sgd", {"variant": "mean_regularized", "lr": 0.1, "lam": 1.0, "local_steps": 2},
                                dnn, flat_federation),
+    # MetaVers baselines (issue 13): lenet-shaped model, head fc3.
+    "fedper": ("fedper", {"lr": 0.1, "local_steps": 3}, TinyLeNet, flat_federation),
+    "lg_fedavg": ("lg_fedavg", {"lr": 0.1, "local_steps": 2, "pretrain_rounds": 1}, TinyLeNet, flat_federation),
+    "fedbabu": ("fedbabu", {"lr": 0.1, "local_steps": 3, "weight_decay": 0.01}, TinyLeNet, flat_federation),
+    "knn_per": ("knn_per", {"lr": 0.1, "local_steps": 2, "k": 3}, TinyLeNet, flat_federation),
+    "fedproto": ("fedproto", {"lr": 0.1, "local_epochs": 2}, TinyLeNet, flat_federation),
+    "fedproto-keep-head": ("fedproto", {"lr": 0.1, "local_steps": 3, "keep_missing_protos": True,
+                                        "predict": "head"}, TinyLeNet, flat_federation),
 }
 
 
