@@ -280,7 +280,7 @@ def test_fedproto_server_averages_prototypes_per_class_over_the_clients_that_hav
 
 def test_fedproto_predicts_the_nearest_global_prototype_among_classes_that_have_one():
     net, fed = model(), federation()
-    algorithm = make_method("fedproto", net)
+    algorithm = make_method("fedproto", net, own_classes_only=False)
     server = algorithm.init_server(model_params(net))
     ctx = contexts(fed)[0]
     x = fed.dataset.batch(ctx.client.splits["test"])[0]
@@ -292,6 +292,23 @@ def test_fedproto_predicts_the_nearest_global_prototype_among_classes_that_have_
     torch.testing.assert_close(logits[:, 1:], -((features.unsqueeze(1) - protos[1:]) ** 2).sum(-1))
     head = make_method("fedproto", net, predict="head")
     torch.testing.assert_close(head.logits(head.predictor(server, ctx), x, ctx), net(x))
+
+
+def test_fedproto_predicts_among_the_clients_own_classes_by_default():
+    """The code's "with protos" accuracy compares a sample with the global prototypes of the
+    client's own classes only."""
+    net, fed = model(), federation(sizes=(2, 6, 6), seed=3)
+    algorithm = make_method("fedproto", net)
+    server = algorithm.init_server(model_params(net))
+    ctx = contexts(fed, batch_size=2)[0]
+    own = sorted(set(train_batch(ctx)[1].tolist()))
+    assert len(own) < 3  # a client without every class
+    x = fed.dataset.batch(ctx.client.splits["test"])[0]
+    protos = torch.randn(3, 4, dtype=torch.float64)
+    server = {**server, "protos": protos, "has_proto": torch.tensor([True, True, True])}
+    predicted = algorithm.logits(algorithm.predictor(server, ctx), x, ctx).argmax(1)
+    d = ((embed(net, server["params"], x).unsqueeze(1) - protos) ** 2).sum(-1)
+    assert predicted.tolist() == [own[int(i)] for i in d[:, own].argmin(1)]
 
 
 # -- Local: "100 local episodes without communication" ---------------------------------------------

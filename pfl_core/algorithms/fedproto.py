@@ -13,7 +13,11 @@ prototype of a class is the plain mean of the uploaded prototypes of that class 
 ``proto_aggregation``).
 
 Prediction (``predict``): ``global_proto``, the nearest global prototype by squared distance
-(FedProto Sec. 4, the code's "with protos" accuracy), or ``head``, the client's own classifier.
+among the classes of the client's train split that have one (FedProto Sec. 4; the code's
+``test_inference_new_het_lt`` "with protos" accuracy; ``own_classes_only``), or ``head``, the
+client's own classifier. The code gives a class outside that set the distance 100 (in MSE
+units); here such a class is never predicted. Local prototypes are the mean training features of
+every local step (the code: of the last local epoch; the same with the default one epoch).
 
 Hyperparameters from the FedProto code (MetaVers gives none): SGD lr 0.01, momentum 0.5, one
 local epoch, ld 1. Switch ``keep_missing_protos``: the code replaces the global prototypes by
@@ -36,8 +40,9 @@ from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.prototypes import prototype_logits
 from pfl_core.training import Params, embed, value_and_grad
 
-#: keys of the global prototypes inside the parameters :meth:`FedProto.predictor` returns
-PROTOS, HAS_PROTO = "fedproto_protos", "fedproto_has_proto"
+#: keys of the global prototypes (and of the classes a client may predict) inside the parameters
+#: :meth:`FedProto.predictor` returns
+PROTOS, ALLOWED = "fedproto_protos", "fedproto_allowed"
 
 
 @dataclass
@@ -58,6 +63,9 @@ class FedProtoHyper(MomentumSGDHyper, HyperParams):
     """The module that maps the embedding to the logits (``fc3`` of ``lenet``)."""
     predict: Literal["global_proto", "head"] = "global_proto"
     """``global_proto``: nearest global prototype (FedProto paper); ``head``: the model's logits."""
+    own_classes_only: bool = True
+    """``global_proto`` prediction among the client's own classes (those of its train split), as the
+    code's "with protos" accuracy; False: among every class with a global prototype."""
     keep_missing_protos: bool = False
     """False: a round's aggregate replaces the global prototypes (FedProto code); True: a class
     that no client of the round uploaded keeps its previous global prototype."""
@@ -137,15 +145,20 @@ class FedProto(Algorithm):
         return {**server, "protos": mean, "has_proto": has_proto}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
-        """The client's model, plus the global prototypes (read by :meth:`logits`)."""
-        return {**client.state.get("params", server["params"]),
-                PROTOS: server["protos"], HAS_PROTO: server["has_proto"]}
+        """The client's model, plus the global prototypes and the classes it may predict (read by
+        :meth:`logits`)."""
+        allowed = server["has_proto"]
+        if self.hp.own_classes_only:
+            labels = client.dataset.y[client.client.splits["train"]]
+            own = torch.zeros_like(allowed).index_fill(0, labels.to(allowed.device), True)
+            allowed = allowed & own
+        return {**client.state.get("params", server["params"]), PROTOS: server["protos"], ALLOWED: allowed}
 
     def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:
-        model_params = {k: v for k, v in params.items() if k not in (PROTOS, HAS_PROTO)}
+        model_params = {k: v for k, v in params.items() if k not in (PROTOS, ALLOWED)}
         features, logits = self.features_and_logits(model_params, x)
         if self.hp.predict == "head":
             return logits
         scores = prototype_logits(features, params[PROTOS])
-        floor = scores.min(1, keepdim=True).values - 1.0  # classes without a prototype: below every other
-        return torch.where(params[HAS_PROTO], scores, floor)
+        floor = scores.min(1, keepdim=True).values - 1.0  # classes not allowed: below every other
+        return torch.where(params[ALLOWED], scores, floor)
