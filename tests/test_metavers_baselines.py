@@ -141,6 +141,19 @@ def test_lg_fedavg_pretrains_fedavg_then_keeps_local_bodies_and_averages_the_hea
     close({k: after["params"][k] for k in HEAD}, {k: expected[k] for k in HEAD})
     close(algorithm.predictor(after, ctx[0]), {**after["params"], **ctx[0].state["personal"]})
     close(algorithm.predictor(after, ctx[2]), after["params"])
+    assert algorithm.run_info(after) == {"lg_fedavg_pretrain_rounds": 1}
+
+
+def test_lg_fedavg_averages_the_global_layers_uniformly_as_its_code():
+    net, fed = model(), federation(sizes=(4, 8, 6))
+    algorithm = make_method("lg_fedavg", net, lr=0.5, pretrain_rounds=0, head_prefixes=["fc1."], **PLAIN)
+    server = algorithm.init_server(model_params(net))
+    ctx = contexts(fed, batch_size=4)
+    updates = [algorithm.client_update(server, ctx[c], 0) for c in (0, 1)]
+    assert all(sorted(u.params) == ["fc1.bias", "fc1.weight"] for u in updates)  # the global layers
+    new = algorithm.aggregate(server, updates)
+    for k in ("fc1.weight", "fc1.bias"):  # 4 and 8 samples, yet the plain mean
+        torch.testing.assert_close(new["params"][k], (updates[0].params[k] + updates[1].params[k]) / 2)
 
 
 # -- FedBABU --------------------------------------------------------------------------------------
