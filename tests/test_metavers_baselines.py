@@ -389,3 +389,17 @@ def test_each_baseline_runs_a_metavers_style_configuration_on_both_paths(method,
         assert b == pytest.approx(a, rel=1e-4, abs=1e-5)
     assert 0.0 <= runs[0].metrics["acc_weighted"] <= 1.0
     assert [h["round"] for h in runs[0].history if "acc" in h] == [2, 4]
+
+
+def test_tuning_spaces_tune_the_step_count_the_baselines_default_to():
+    """The pFedHN optimiser counts 50 steps per round by default: the search space tunes steps."""
+    import optuna
+
+    from benchmarks.search_spaces import suggest
+
+    study = optuna.create_study()
+    for method in ("fedper", "lg_fedavg", "fedbabu", "knn_per"):
+        config = {"method": {"name": method, "params": {}}, "evaluation": {"params": {}}, "data": {}}
+        assert "method.params.local_steps" in suggest(study.ask(), config)
+    config = {"method": {"name": "fedproto", "params": {}}, "evaluation": {"params": {}}, "data": {}}
+    assert {"method.params.local_epochs", "method.params.ld"} <= set(suggest(study.ask(), config))
