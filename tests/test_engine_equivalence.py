@@ -124,6 +124,7 @@ CASES = {
     "fedper": ("fedper", {"lr": 0.1, "local_steps": 3}, TinyLeNet, flat_federation),
     "lg_fedavg": ("lg_fedavg", {"lr": 0.1, "local_steps": 2, "pretrain_rounds": 1}, TinyLeNet, flat_federation),
     "fedbabu": ("fedbabu", {"lr": 0.1, "local_steps": 3, "weight_decay": 0.01}, TinyLeNet, flat_federation),
+    "fedper-epochs": ("fedper", {"lr": 0.1, "local_steps": 0, "local_epochs": 2}, TinyLeNet, flat_federation),
     "knn_per": ("knn_per", {"lr": 0.1, "local_steps": 2, "k": 3}, TinyLeNet, flat_federation),
     "fedproto": ("fedproto", {"lr": 0.1, "local_epochs": 2}, TinyLeNet, flat_federation),
     "fedproto-keep-head": ("fedproto", {"lr": 0.1, "local_steps": 3, "keep_missing_protos": True,
@@ -173,7 +174,7 @@ def test_batched_path_equals_sequential_path(name):
     assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
 
 
-@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca"])
+@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "fedper-epochs", "fedproto"])
 def test_padded_stacks_of_unequal_clients_equal_the_sequential_path(name):
     sizes = (8, 5, 12, 9, 4)  # 2, 1, 3, 2, 1 batches per epoch at batch size 4
     sequential = run_path(CASES[name], "sequential", sizes=sizes, per_round=5)
