@@ -403,3 +403,30 @@ def test_tuning_spaces_tune_the_step_count_the_baselines_default_to():
         assert "method.params.local_steps" in suggest(study.ask(), config)
     config = {"method": {"name": "fedproto", "params": {}}, "evaluation": {"params": {}}, "data": {}}
     assert {"method.params.local_epochs", "method.params.ld"} <= set(suggest(study.ask(), config))
+
+
+def test_lg_fedavg_resumes_from_a_checkpoint_after_its_fedavg_stage(tmp_path, cifar_dir):
+    """The server's round counter and every client's local body are saved: stopped after round 5
+    and resumed from round 4 (LG stage from round 3), the run equals an uninterrupted one."""
+    from pfl_core.checkpoint import Checkpointing
+    from pfl_core.config import RunConfig
+    from pfl_core.experiment import run_experiments
+    from tests.test_checkpoint import Stop, _same, _stop_after
+
+    cfg = RunConfig.from_dict({
+        "data": {"dataset": "cifar10", "num_clients": 5, "client_splits": {"test": 0.25},
+                 "partition": {"name": "classes_per_client", "classes_per_client": 2}},
+        "model": {"name": "lenet"},
+        "method": {"name": "lg_fedavg", "params": {"lr": 0.01, "local_steps": 2, "pretrain_rounds": 3}},
+        "federation": {"rounds": 6, "clients_per_round": 2, "batch_size": 4, "eval_every": 2},
+        "evaluation": {"protocol": "seen", "params": {"reduction": "sample"}},
+    })
+    reference = run_experiments([cfg], device="cpu", data_dir=cifar_dir)[0]
+    saving = Checkpointing([tmp_path / "run.pt"], every=2)
+    with pytest.raises(Stop):
+        run_experiments([cfg], device="cpu", data_dir=cifar_dir, on_round=_stop_after(5), checkpointing=saving)
+    state = torch.load(saving.paths[0], weights_only=False)
+    assert state["next_round"] == 4 and state["federation"]["server"]["round"] == 4
+    resumed = run_experiments([cfg], device="cpu", data_dir=cifar_dir, checkpointing=saving)[0]
+    _same(reference, resumed)
+    assert resumed.info["lg_fedavg_pretrain_rounds"] == 3
