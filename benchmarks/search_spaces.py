@@ -82,8 +82,10 @@ def _finetune_lr(trial, config: dict) -> dict[str, Any]:
 
 
 def _local_work(trial, config: dict) -> dict[str, Any]:
-    """``local_steps`` (1..50, log) when the cell counts batches, else ``local_epochs`` (1..5)."""
-    if _params(config).get("local_steps", 0):
+    """``local_steps`` (1..50, log) when the cell counts batches (its value or the method's
+    default), else ``local_epochs`` (1..5)."""
+    default = getattr(METHODS.get(config["method"]["name"]).hyper_class, "local_steps", 0)
+    if _params(config).get("local_steps", default):
         return {"method.params.local_steps": trial.suggest_int("method.params.local_steps", 1, 50, log=True)}
     return {"method.params.local_epochs": trial.suggest_int("method.params.local_epochs", 1, 5)}
 
@@ -192,6 +194,28 @@ def l2sgd_space(trial, config: dict) -> dict[str, Any]:
             "method.params.lam": _log(trial, "method.params.lam", (0.1, 50.0)),
             "method.params.p": _log(trial, "method.params.p", (0.02, 0.5)),
             **_finetune_lr(trial, config)}
+
+
+@space("fedper", "lg_fedavg", "fedbabu")
+def momentum_sgd_space(trial, config: dict) -> dict[str, Any]:
+    """The MetaVers baselines' momentum SGD: lr (log 1e-4..1), local steps or epochs."""
+    return {"method.params.lr": _log(trial, "method.params.lr", SGD_LR),
+            **_local_work(trial, config), **_finetune_lr(trial, config)}
+
+
+@space("knn_per")
+def knn_per_space(trial, config: dict) -> dict[str, Any]:
+    """kNN-Per: the FedAvg model's lr and local work, the kNN weight lambda (0..1) and k (1..20)."""
+    return {**momentum_sgd_space(trial, config),
+            "method.params.weight": trial.suggest_float("method.params.weight", 0.0, 1.0),
+            "method.params.k": trial.suggest_int("method.params.k", 1, 20, log=True)}
+
+
+@space("fedproto")
+def fedproto_space(trial, config: dict) -> dict[str, Any]:
+    """FedProto: lr (log 1e-4..1), local steps or epochs, the prototype weight ld (log 1e-2..10)."""
+    return {**momentum_sgd_space(trial, config),
+            "method.params.ld": _log(trial, "method.params.ld", (1e-2, 10.0))}
 
 
 def describe() -> dict[str, str]:

@@ -62,3 +62,18 @@ def image_federation(sizes=(12,), classes: int = 3, test: int = 4, seed: int = 0
     fed.dataset = ArrayDataset("tiny6x6", torch.rand(n, 1, 6, 6, generator=gen, dtype=torch.float64),
                                fed.dataset.y, classes)
     return fed
+
+
+class TinyLeNet(torch.nn.Module):
+    """``lenet``'s structure on flat inputs (fc1 -> ReLU -> fc2 -> ReLU = the embedding -> fc3),
+    small enough for hand computations: the model of the MetaVers baseline tests."""
+
+    def __init__(self, features: int = 6, hidden: int = 5, embedding: int = 4, classes: int = 3):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(features, hidden)
+        self.fc2 = torch.nn.Linear(hidden, embedding)
+        self.fc3 = torch.nn.Linear(embedding, classes)
+
+    def forward(self, x: torch.Tensor, embed: bool = False) -> torch.Tensor:
+        features = torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1)))))
+        return features if embed else self.fc3(features)

@@ -28,6 +28,7 @@ from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
+from tests.helpers import TinyLeNet
 
 # float64: a real mismatch is O(lr); Adam on the (mathematically zero) gradient of a bias before a
 # BatchNorm turns 1e-17 noise into O(lr) steps in either path, hence the absolute slack
@@ -148,6 +149,15 @@ CASES = {
                        balanced_image_federation),
     "l2sgd-mean-regularized": ("l2sgd", {"variant": "mean_regularized", "lr": 0.1, "lam": 1.0, "local_steps": 2},
                                dnn, flat_federation),
+    # MetaVers baselines (issue 13): lenet-shaped model, head fc3.
+    "fedper": ("fedper", {"lr": 0.1, "local_steps": 3}, TinyLeNet, flat_federation),
+    "lg_fedavg": ("lg_fedavg", {"lr": 0.1, "local_steps": 2, "pretrain_rounds": 1}, TinyLeNet, flat_federation),
+    "fedbabu": ("fedbabu", {"lr": 0.1, "local_steps": 3, "weight_decay": 0.01}, TinyLeNet, flat_federation),
+    "fedper-epochs": ("fedper", {"lr": 0.1, "local_steps": 0, "local_epochs": 2}, TinyLeNet, flat_federation),
+    "knn_per": ("knn_per", {"lr": 0.1, "local_steps": 2, "k": 3}, TinyLeNet, flat_federation),
+    "fedproto": ("fedproto", {"lr": 0.1, "local_epochs": 2}, TinyLeNet, flat_federation),
+    "fedproto-keep-head": ("fedproto", {"lr": 0.1, "local_steps": 3, "keep_missing_protos": True,
+                                        "predict": "head"}, TinyLeNet, flat_federation),
 }
 
 
@@ -193,7 +203,7 @@ def test_batched_path_equals_sequential_path(name):
     assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
 
 
-@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca"])
+@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "fedper-epochs", "fedproto"])
 def test_padded_stacks_of_unequal_clients_equal_the_sequential_path(name):
     sizes = (8, 5, 12, 9, 4)  # 2, 1, 3, 2, 1 batches per epoch at batch size 4
     sequential = run_path(CASES[name], "sequential", sizes=sizes, per_round=5)

@@ -24,7 +24,8 @@ from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.config import NonNegativeInt, PositiveFloat
 from pfl_core.optim import client_optimizer_state, optimizer_step
-from pfl_core.training import Params, batch_loss, value_and_grad
+from pfl_core.algorithms.parts import partial_gradients, split_names
+from pfl_core.training import Params
 
 
 @dataclass
@@ -54,13 +55,6 @@ class FedRepHyper(HyperParams):
             raise ValueError("FedRep needs head_steps + body_steps >= 1")
 
 
-def partial_gradients(model, params: Params, trainable: list[str], x, y) -> tuple[Params, torch.Tensor]:
-    """(d loss / d params[trainable], loss): the other parameters enter as constants."""
-    frozen = {k: v for k, v in params.items() if k not in set(trainable)}
-    return value_and_grad(lambda part, x, y: batch_loss(model, {**frozen, **part}, x, y),
-                          {k: params[k] for k in trainable}, x, y)
-
-
 @METHODS.register("fedrep")
 class FedRep(Algorithm):
     """FedRep; client state: ``head_adam`` / ``body_adam`` (and ``head`` with ``personal_head``)."""
@@ -70,15 +64,7 @@ class FedRep(Algorithm):
 
     def __init__(self, model, hp):
         super().__init__(model, hp)
-        names = [name for name, _ in model.named_parameters()]
-        prefixes = tuple(hp.head_prefixes)
-        self.head_names = [n for n in names if n.startswith(prefixes)]
-        self.body_names = [n for n in names if not n.startswith(prefixes)]
-        if not self.head_names or not self.body_names:
-            raise ValueError(
-                f"fedrep: head_prefixes {list(prefixes)} must split the model into a non-empty head and "
-                f"body; its parameters are {names}. Set method.params.head_prefixes."
-            )
+        self.head_names, self.body_names = split_names(model, hp.head_prefixes, "fedrep")
 
     def _phase(self, params: Params, optimizer: dict, names: list[str], batches: tuple) -> tuple[Params, dict, list]:
         """Adam steps on ``params[names]`` (the rest frozen), one per batch; returns the new full

@@ -1,13 +1,16 @@
-"""Local SGD on one client, shared by FedAvg, FedAvg-FT, IFCA and Local: the plan, the update."""
+"""Local SGD on one client, shared by FedAvg, FedAvg-FT, IFCA and Local: the plan, the update; and
+momentum SGD with weight decay (the pFedHN client optimiser) for the MetaVers baselines."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from pfl_core.algorithms.base import ClientContext
-from pfl_core.config import NonNegativeInt, PositiveFloat
+from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, sgd_step
@@ -46,3 +49,52 @@ def local_sgd(model: nn.Module, params: Params, batches: dict, masks: dict, lr: 
         params = masked_update(mask, step, new, params)
         losses.append(loss)
     return params, masked_mean(losses, mask)
+
+
+@dataclass
+class MomentumSGDHyper(LocalSGDHyper):
+    """Local SGD with momentum and weight decay, a fresh optimiser every round: the pFedHN code's
+    client training of its target LeNet (``inner_optim = SGD(lr=--inner-lr 5e-3, momentum=0.9,
+    weight_decay=--inner-wd 5e-5)``, ``--inner-steps 50`` batches of ``--batch-size 64``), which the
+    MetaVers baselines without values of their own take (issue 13: pFedHN / pFedGP values)."""
+
+    lr: PositiveFloat = 0.005
+    """Local SGD learning rate (pFedHN code ``--inner-lr`` 5e-3)."""
+    local_epochs: NonNegativeInt = 0
+    """Full passes per round instead of ``local_steps`` (0: use ``local_steps``)."""
+    local_steps: NonNegativeInt = 50
+    """Batches per round from the cyclic stream (pFedHN code ``--inner-steps`` 50)."""
+    momentum: NonNegativeFloat = 0.9
+    """SGD momentum, buffer reset every round (pFedHN code: 0.9)."""
+    weight_decay: NonNegativeFloat = 5e-5
+    """L2 added to the gradient, ``torch.optim.SGD``'s ``weight_decay`` (pFedHN code ``--inner-wd`` 5e-5)."""
+
+
+def momentum_sgd(loss_and_grads: Callable, params: Params, batches: dict, masks: dict,
+                 hp: MomentumSGDHyper, observe: Callable | None = None) -> tuple[Params, torch.Tensor, Any]:
+    """``torch.optim.SGD(lr, momentum, weight_decay)`` (no dampening, no Nesterov), created fresh,
+    over the plan's ``train`` batches. ``loss_and_grads(params, x, y)`` returns (gradients of the
+    trained parameters, loss); the other parameters are not changed. ``observe(params, x, y)``
+    (optional) returns a pytree of tensors at each step, before the step; their sum over the real
+    (unmasked) steps is returned. Returns (params, mean loss, observed sum or None).
+
+    The momentum buffer starts at zero, so its first value is the gradient itself, as in torch."""
+    xs, ys = batches["train"]
+    mask = masks.get("train")
+    velocity, losses, observed = None, [], None
+    for step in range(len(xs)):
+        if observe is not None:
+            seen = observe(params, xs[step], ys[step])
+            if mask is not None:
+                seen = tree_map(lambda v: v * mask[step].to(v.dtype), seen)
+            observed = seen if observed is None else tree_map(torch.add, observed, seen)
+        grads, loss = loss_and_grads(params, xs[step], ys[step])
+        with torch.no_grad():
+            if velocity is None:
+                velocity = {k: torch.zeros_like(g) for k, g in grads.items()}
+            direction = {k: g + hp.weight_decay * params[k] if hp.weight_decay else g for k, g in grads.items()}
+            new_velocity = {k: hp.momentum * velocity[k] + d for k, d in direction.items()}
+            new = {**params, **{k: params[k] - hp.lr * v for k, v in new_velocity.items()}}
+        params, velocity = masked_update(mask, step, (new, new_velocity), (params, velocity))
+        losses.append(loss)
+    return params, masked_mean(losses, mask), observed
