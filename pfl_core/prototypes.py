@@ -7,7 +7,6 @@ All functions are pure tensor code (no host syncs), so they run under ``torch.fu
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -19,7 +18,8 @@ def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def class_prototypes(embeddings: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """[num_classes, d] mean embedding per class label 0..num_classes-1 (a class without samples
     gets a zero row; callers mask such classes out)."""
-    onehot = F.one_hot(labels, num_classes).to(embeddings.dtype)  # [n, C]
+    classes = torch.arange(num_classes, device=labels.device)
+    onehot = (labels.unsqueeze(1) == classes).to(embeddings.dtype)  # [n, C]; F.one_hot fails under vmap
     counts = onehot.sum(0).clamp_min(1.0)
     return (onehot.T @ embeddings) / counts.unsqueeze(1)
 

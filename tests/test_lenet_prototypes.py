@@ -57,3 +57,7 @@ def test_prototypes_run_under_vmap():
     batched = torch.func.vmap(lambda e: class_prototypes(e, labels, 2))(emb)
     for i in range(3):
         torch.testing.assert_close(batched[i], class_prototypes(emb[i], labels, 2))
+    stacked_labels = torch.stack([labels, 1 - labels, labels.flip(0)])  # labels batched too
+    batched = torch.func.vmap(lambda e, y: class_prototypes(e, y, 2))(emb, stacked_labels)
+    for i in range(3):
+        torch.testing.assert_close(batched[i], class_prototypes(emb[i], stacked_labels[i], 2))
