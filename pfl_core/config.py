@@ -75,6 +75,25 @@ class DataConfig:
     remainder: str = "train"
     """The split that takes what ``client_splits`` leaves (``test`` with ``{train: 0.75}`` floors
     the train part instead)."""
+    source_splits: dict = field(default_factory=dict)
+    """Client split -> split of the source dataset it comes from, e.g. ``{train: train, val: val,
+    test: test}`` (MetaVers: clients hold the same classes in the dataset's train, val and test
+    splits; MetaVers spec, "Client split"). The partitioner assigns classes to clients once and
+    cuts each source split with that assignment (only partitioners that work in two phases,
+    ``classes_per_client``); ``split`` and ``client_splits`` are then unused and ``client_splits``
+    must be ``{}``. Empty (default): one source split (``split``) is partitioned and each client cut
+    by ``client_splits``."""
+    pool_splits: list = field(default_factory=list)
+    """Source splits loaded whole beside the clients' (``FederatedData.pools``), for protocols that
+    draw from a split rather than from clients (MetaVers' novel-class val/test classes). Needs
+    ``source_splits``."""
+    partition_seeding: Literal["streams", "reseed"] = "streams"
+    """How the partition draws its random numbers. ``streams`` (default): the run's ``partition``
+    stream. ``reseed``: the MetaVers code's re-seeding with the run seed before each phase (MetaVers
+    spec, "Re-seeding"): the class assignment from numpy's global generator after
+    ``np.random.seed(seed)``, each source split's per-class shuffles from Python's ``random`` after
+    ``random.seed(seed)``, which gives the authors' exact clients for a seed. Needs a two-phase
+    partitioner."""
     redraw_short_clients: bool = False
     """Redraw the partition while a client's train split holds fewer than
     ``federation.batch_size`` samples (the CAFeMe authors' de-facto rule: their code crashes on
@@ -168,6 +187,7 @@ class RunConfig:
         if total >= 1:
             raise ConfigError(f"data.client_splits: the fractions sum to {total:g}, leaving nothing for "
                               f"{self.data.remainder!r}; make them sum to less than 1", "data.client_splits")
+        self._check_source_splits()
         if self.evaluation.target == "validation" and self.data.normalize_stats == "dataset":
             raise ConfigError("data.normalize_stats: 'dataset' statistics include test clients, which a "
                               "tuning run (evaluation.target: validation) must not see; use auto or train",
@@ -180,6 +200,32 @@ class RunConfig:
             raise ConfigError(f"federation.clients_per_round must be <= the {train} training clients "
                               f"(data.num_clients minus unseen and validation clients), or 0 for all; got "
                               f"{self.federation.clients_per_round}", "federation.clients_per_round")
+
+
+    def _check_source_splits(self) -> None:
+        d = self.data
+        if d.partition_seeding == "reseed" and d.redraw_short_clients:
+            raise ConfigError("data.redraw_short_clients cannot redraw a partition under data.partition_seeding: "
+                              "reseed (the same seed gives the same clients); turn one off",
+                              "data.redraw_short_clients")
+        if not d.source_splits:
+            if d.pool_splits:
+                raise ConfigError("data.pool_splits needs data.source_splits (the clients' splits, e.g. "
+                                  "{train: train})", "data.pool_splits")
+            return
+        if d.client_splits:
+            raise ConfigError("data.client_splits must be {} with data.source_splits: each client split comes "
+                              "whole from its source split", "data.client_splits")
+        for name, source in d.source_splits.items():
+            if not isinstance(source, str):
+                raise ConfigError(f"data.source_splits.{name} must name a split of the dataset (train, val, "
+                                  f"test), got {source!r}", f"data.source_splits.{name}")
+        if not isinstance(d.pool_splits, list) or not all(isinstance(s, str) for s in d.pool_splits):
+            raise ConfigError(f"data.pool_splits must be a list of split names, got {d.pool_splits!r}",
+                              "data.pool_splits")
+        if d.redraw_short_clients:
+            raise ConfigError("data.redraw_short_clients does not apply with data.source_splits; turn it off",
+                              "data.redraw_short_clients")
 
 
 class ConfigError(ValueError):

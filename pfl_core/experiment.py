@@ -17,7 +17,7 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
-from pfl_core.data import build_federated, load_dataset
+from pfl_core.data import build_federated, load_dataset, load_sources
 from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, standardize
@@ -42,6 +42,23 @@ def resolve_device(device: str = "auto") -> torch.device:
 def _cached_dataset(name: str, params_items: tuple, split: str, data_dir: str | None) -> ArrayDataset:
     params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_items}
     return load_dataset(name, data_dir=data_dir, split=split, **params)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_sources(name: str, params_items: tuple, sources: tuple, data_dir: str | None) -> ArrayDataset:
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in params_items}
+    return load_sources(name, list(sources), data_dir=data_dir, **params)
+
+
+def load_run_dataset(cfg: RunConfig, data_dir: str | None = None) -> ArrayDataset:
+    """The dataset a run partitions: split ``data.split``, or with ``data.source_splits`` the source
+    splits of the clients then ``data.pool_splits``, joined (cached per process)."""
+    d = cfg.data
+    params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
+    if d.source_splits:
+        sources = tuple(dict.fromkeys([*d.source_splits.values(), *d.pool_splits]))
+        return _cached_sources(d.dataset, params, sources, data_dir)
+    return _cached_dataset(d.dataset, params, d.split, data_dir)
 
 
 def digest(obj) -> str:
@@ -128,9 +145,8 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
     """Load and partition the data, build the model (seeded), the method and the protocol."""
     streams = RunStreams(cfg.seed)
     d = cfg.data
-    params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
     from_train = d.normalize == "pixel" and cfg.pixel_stats_from() == "train"
-    dataset = _cached_dataset(d.dataset, params, d.split, data_dir)
+    dataset = load_run_dataset(cfg, data_dir)
     if not from_train:  # the paper code's order: statistics of the whole set, before subsampling
         dataset = standardize(dataset, d.normalize)
     if d.subsample and d.subsample < len(dataset):
@@ -148,6 +164,9 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         remainder=d.remainder,
         validation_fraction=d.validation_fraction,
         min_train_size=cfg.federation.batch_size if d.redraw_short_clients else 0,
+        source_splits=d.source_splits,
+        pool_splits=d.pool_splits,
+        partition_seeding=d.partition_seeding,
     )
     if from_train:  # statistics of the training clients' train splits only (a tuning run)
         rows = torch.cat([fed.clients[c].splits["train"] for c in fed.train_clients])

@@ -4,6 +4,7 @@ from pfl_core.data.datasets import (
     DATASETS,
     DatasetNotFoundError,
     load_dataset,
+    load_sources,
     resolve_data_dir,
 )
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
@@ -18,7 +19,7 @@ from pfl_core.data.partitions import (
     split_by_assignment,
 )
 from pfl_core.data.splits import split_indices, split_seen_unseen
-from pfl_core.data import cgpfl_split, femnist, metadataset, rmnist  # noqa: F401  (register datasets)
+from pfl_core.data import cgpfl_split, cinic, femnist, metadataset, novel_class, rmnist  # noqa: F401  (register datasets)
 
 __all__ = [
     "ArrayDataset",
@@ -32,6 +33,7 @@ __all__ = [
     "build_federated",
     "digits28",
     "load_dataset",
+    "load_sources",
     "partition",
     "partitioner_params",
     "resolve_data_dir",

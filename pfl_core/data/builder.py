@@ -5,12 +5,15 @@ Each step has its own random stream (``partition``, ``split``, ``unseen``; see
 """
 from __future__ import annotations
 
+import random
+from typing import Callable
+
 import numpy as np
 import torch
 
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.data.partitions import partition as run_partition
-from pfl_core.data.partitions import partitioner_params, rotation_group_of
+from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of
 from pfl_core.data.splits import split_indices, split_seen_unseen
 from pfl_core.seeding import RunStreams
 
@@ -43,6 +46,9 @@ def build_federated(
     validation_fraction: float = 0.0,
     min_train_size: int = 0,
     max_draws: int = 100,
+    source_splits: dict[str, str] | None = None,
+    pool_splits: list[str] = (),
+    partition_seeding: str = "streams",
 ) -> FederatedData:
     """Partition ``dataset`` among ``num_clients`` clients and split each client's indices.
 
@@ -61,12 +67,28 @@ def build_federated(
     on such a client, and their published Dirichlet/FEMNIST numbers come from the seeds without
     one); a seed whose first draw has no such client keeps exactly its partition.
     ``FederatedData.partition_draws`` records the draws.
+
+    ``source_splits`` (client split -> source split of ``dataset``, a dataset joined by
+    :func:`~pfl_core.data.datasets.load_sources`) gives each client its splits whole from several
+    source splits under one class assignment (:func:`source_split_clients`); ``client_splits`` is
+    then unused. ``pool_splits`` are source splits kept whole in ``FederatedData.pools``.
+    ``partition_seeding`` is ``streams`` (the ``partition`` stream) or ``reseed`` (the MetaVers
+    code's re-seeding with the run seed, :func:`partition_rngs`).
     """
     labels = dataset.labels_numpy()
     groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
+    pools = {name: torch.as_tensor(dataset.source_rows(name)) for name in pool_splits}
+    if source_splits:
+        clients = source_split_clients(dataset, num_clients, partition, partition_params, source_splits,
+                                       *partition_rngs(partition_seeding, streams))
+        return _federated(dataset, clients, unseen_fraction, validation_fraction, streams, 1, pools)
     partition_rng, split_rng = streams.numpy("partition"), streams.numpy("split")
+    reseed = partition_rngs(partition_seeding, streams) if partition_seeding == "reseed" else None
     for draw in range(1, max_draws + 1):
-        parts = run_partition(partition, labels, num_clients, partition_rng, groups=groups, **partition_params)
+        if reseed:  # the code's draw, always the same for a seed: nothing to redraw
+            parts = partition_sources(partition, {"split": labels}, num_clients, *reseed, **partition_params)["split"]
+        else:
+            parts = run_partition(partition, labels, num_clients, partition_rng, groups=groups, **partition_params)
         clients = _split_clients(parts, _client_groups(partition, partition_params, parts, groups), client_splits,
                                  split_rng, remainder, min_split_size, partition)
         short = short_train_clients(clients, min_train_size)
@@ -77,13 +99,55 @@ def build_federated(
             f"data.redraw_short_clients: after {max_draws} partitions, client {short[0]} still has fewer than "
             f"{min_train_size} train samples (partition {partition!r} may be fixed, e.g. natural): run other "
             f"seeds, or turn the switch off to keep one short batch")
+    return _federated(dataset, clients, unseen_fraction, validation_fraction, streams, draw, pools)
+
+
+def _federated(dataset: ArrayDataset, clients: list[Client], unseen_fraction: float, validation_fraction: float,
+               streams: RunStreams, draws: int, pools: dict[str, torch.Tensor]) -> FederatedData:
+    """The clients with their roles: unseen (test) clients first, then validation clients."""
     seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
     train, validation = seen, []
     if validation_fraction:
         kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
         train, validation = [seen[i] for i in kept], [seen[i] for i in held]
     return FederatedData(dataset, clients, train_clients=train, unseen_clients=unseen,
-                         validation_clients=validation, partition_draws=draw)
+                         validation_clients=validation, partition_draws=draws, pools=pools)
+
+
+def partition_rngs(seeding: str, streams: RunStreams) -> tuple:
+    """(assignment generator, per-split shuffle generator factory) of ``data.partition_seeding``.
+
+    ``streams``: both from the run's ``partition`` stream (one generator, continued in split
+    order). ``reseed``: as the MetaVers code re-seeds every RNG with the run seed before Step A and
+    before each Step B (MetaVers spec, "Re-seeding"): ``np.random.RandomState(seed)`` (numpy's
+    global generator after ``np.random.seed(seed)``) for the assignment, a fresh
+    ``random.Random(seed)`` (``random.shuffle`` after ``random.seed(seed)``) for each split."""
+    if seeding == "reseed":
+        seed = streams.seed
+        return np.random.RandomState(seed), lambda split: random.Random(seed)
+    if seeding != "streams":
+        raise ValueError(f"data.partition_seeding must be 'streams' or 'reseed', got {seeding!r}")
+    rng = streams.numpy("partition")
+    return rng, lambda split: rng
+
+
+def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str, partition_params: dict,
+                         source_splits: dict[str, str], assign_rng, split_rng: Callable) -> list[Client]:
+    """Clients whose splits come from different source splits of ``dataset`` with ONE class
+    assignment (MetaVers spec, "Client split": Step A once, Step B per source split): client split
+    ``name`` of client i is client i's part of source split ``source_splits[name]``, whole."""
+    labels = dataset.labels_numpy()
+    sources = list(dict.fromkeys(source_splits.values()))
+    rows = {s: dataset.source_rows(s) for s in sources}
+    parts = partition_sources(partition, {s: labels[rows[s]] for s in sources}, num_clients, assign_rng,
+                              split_rng, **partition_params)
+    clients = []
+    for cid in range(num_clients):
+        own = {s: rows[s][parts[s][cid]] for s in sources}
+        splits = {name: torch.as_tensor(own[s], dtype=torch.int64) for name, s in source_splits.items()}
+        meta = {"n": int(sum(len(v) for v in own.values())), **{f"n_{s}": int(len(v)) for s, v in own.items()}}
+        clients.append(Client(cid, splits, meta))
+    return clients
 
 
 def short_train_clients(clients: list[Client], batch_size: int) -> list[int]:

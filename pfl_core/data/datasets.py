@@ -1,7 +1,10 @@
 """Dataset registry and loaders (DESIGN.md, "Federated data").
 
 Each registered loader is ``fn(data_dir: Path, split: str, download: bool, **params) -> ArrayDataset``
-with ``split`` in ``"train" | "test" | "all"`` (all = train then test). Torchvision datasets are
+with ``split`` in ``"train" | "test" | "all"`` (all = train then test); a loader whose dataset also
+has a validation split lists its splits in its ``splits`` attribute (e.g. ``("train", "val",
+"test", "all")``). :func:`load_sources` joins several splits into one dataset that remembers where
+each row came from (``ArrayDataset.source``). Torchvision datasets are
 read from their ``.data`` / ``.targets`` arrays (no per-item transforms). Missing files raise
 :class:`DatasetNotFoundError` with a one-line message naming the dataset, the directory and the fix;
 damaged idx files a :class:`~pfl_core.data.idx.DatasetFileError` naming the file and the problem.
@@ -10,12 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
 from torchvision import datasets as tv
 
+from pfl_core.config import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
@@ -24,6 +28,7 @@ from pfl_core.registry import Registry
 Loader = Callable[..., ArrayDataset]
 DATASETS: Registry[Loader] = Registry("dataset")
 SPLITS = ("train", "test", "all")
+"""The splits every loader serves; a loader's own ``splits`` attribute may add ``val``."""
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -50,11 +55,43 @@ def load_dataset(
 ) -> ArrayDataset:
     """Load dataset ``name`` through its registered loader."""
     loader = DATASETS.get(name)
-    if split not in SPLITS:
-        raise ValueError(f"dataset {name!r}: split must be one of {SPLITS}, got {split!r}")
+    allowed = loader_splits(name)
+    if split not in allowed:
+        raise ValueError(f"dataset {name!r}: split must be one of {allowed}, got {split!r}")
     if download is None:
         download = _download_default()
     return loader(resolve_data_dir(data_dir), split, download, **params)
+
+
+def loader_splits(name: str) -> tuple[str, ...]:
+    """The splits dataset ``name`` serves (its loader's ``splits``, else :data:`SPLITS`)."""
+    return tuple(getattr(DATASETS.get(name), "splits", SPLITS))
+
+
+def load_sources(
+    name: str,
+    sources: list[str],
+    data_dir: str | Path | None = None,
+    download: bool | None = None,
+    **params: Any,
+) -> ArrayDataset:
+    """Splits ``sources`` of dataset ``name`` (e.g. ``["train", "val", "test"]``) as one dataset:
+    their rows in that order, ``source[i]`` = the position in ``sources`` of row i's split."""
+    parts = [load_dataset(name, data_dir, split, download, **params) for split in sources]
+    return concat_sources(parts, sources)
+
+
+def concat_sources(parts: list[ArrayDataset], sources: list[str]) -> ArrayDataset:
+    """One dataset of ``parts`` (the splits ``sources`` of one dataset), tagged with ``source``."""
+    first = parts[0]
+    tags = torch.cat([torch.full((len(p),), k, dtype=torch.int64) for k, p in enumerate(parts)])
+    groups = None if first.groups is None else torch.cat([p.groups for p in parts])
+    return ArrayDataset(
+        name=first.name, x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]),
+        num_classes=max(p.num_classes for p in parts), groups=groups, mean=first.mean, std=first.std,
+        offline=first.offline, source=tags, sources=tuple(sources),
+        description="; ".join(p.description for p in parts),
+    )
 
 
 def _not_found(title: str, data_dir: Path, expected: Path, reason: str = "") -> DatasetNotFoundError:
@@ -160,33 +197,99 @@ def emnist(data_dir: Path, split: str, download: bool, emnist_split: str = "bycl
     )
 
 
+MeanStd = Literal["none", "metavers"]
+"""A loader's ``mean_std``: ``none`` leaves inputs in [0, 1]; ``metavers`` is ToTensor then the
+per-channel Normalize of the MetaVers code (MetaVers spec, "Transforms"; its ``get_datasets``)."""
+
+METAVERS_MEAN_STD = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "cinic10": ((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835)),
+}
+
+
+def mean_std_of(name: str, mean_std: str) -> dict:
+    """``{mean, std}`` for :class:`ArrayDataset` under the loader setting ``mean_std``."""
+    if mean_std == "none":
+        return {}
+    if mean_std != "metavers" or name not in METAVERS_MEAN_STD:
+        raise ValueError(f"dataset {name!r}: data.params.mean_std must be one of ['none', 'metavers'], "
+                         f"got {mean_std!r}")
+    mean, std = METAVERS_MEAN_STD[name]
+    return {"mean": mean, "std": std}
+
+
+def train_val_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The MetaVers code's train/val cut of a training set of ``n`` (MetaVers spec, "Base datasets"):
+    ``torch.utils.data.random_split(dataset, [n - val_size, val_size])`` right after
+    ``torch.manual_seed(seed)``, i.e. one ``randperm(n)`` of the seeded CPU generator; returns the
+    (train, val) positions in that permutation's order (the order of the code's ``Subset``)."""
+    if not 0 < val_size < n:
+        raise ValueError(f"data.params.val_size must be in (0, {n}) for a training set of {n}, got {val_size}")
+    generator = torch.Generator().manual_seed(seed)
+    train, val = torch.utils.data.random_split(range(n), [n - val_size, val_size], generator=generator)
+    return np.asarray(train.indices, dtype=np.int64), np.asarray(val.indices, dtype=np.int64)
+
+
 def _cifar(
-    name: str, title: str, cls: type, folder: str, data_dir: Path, split: str, download: bool
+    name: str, title: str, cls: type, folder: str, data_dir: Path, split: str, download: bool,
+    val_size: int, val_seed: int, mean_std: str,
 ) -> ArrayDataset:
-    parts = _open_splits(
-        lambda train, dl: cls(data_dir, train=train, download=dl),
-        title, data_dir, split, download, data_dir / folder,
-    )
-    x = np.concatenate([p.data for p in parts])  # (N, 32, 32, 3) uint8
+    if split == "val" and not val_size:
+        raise ValueError(f"dataset {name!r} has a 'val' split only when data.params.val_size > 0 "
+                         "(MetaVers: val_size: 10000, val_seed: \"${seed}\")")
+    wanted = ("train", "val", "test") if split == "all" else (split,)
+    expected = data_dir / folder
+    xs, ys = [], []
+    if "train" in wanted or "val" in wanted:
+        (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
+                               title, data_dir, "train", download, expected)
+        x, y = part.data, np.asarray(part.targets)
+        rows = dict(zip(("train", "val"), train_val_split(len(y), val_size, val_seed))) if val_size \
+            else {"train": np.arange(len(y))}
+        for s in ("train", "val"):
+            if s in wanted and s in rows:
+                xs.append(x[rows[s]])
+                ys.append(y[rows[s]])
+    if "test" in wanted:
+        (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
+                               title, data_dir, "test", download, expected)
+        xs.append(part.data)
+        ys.append(np.asarray(part.targets))
+    cut = f"; train/val = random_split({val_size} val) after torch.manual_seed({val_seed})" if val_size else ""
     return ArrayDataset(
         name=name,
-        x=torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(),
-        y=torch.tensor(np.concatenate([np.asarray(p.targets) for p in parts]), dtype=torch.int64),
-        num_classes=len(parts[0].classes),
-        description=f"{title} {split} split (torchvision files under {data_dir})",
+        x=torch.from_numpy(np.concatenate(xs)).permute(0, 3, 1, 2).contiguous(),  # (N, 32, 32, 3) uint8
+        y=torch.tensor(np.concatenate(ys), dtype=torch.int64),
+        num_classes=len(part.classes),
+        description=f"{title} {split} split (torchvision files under {data_dir}){cut}",
+        **mean_std_of(name, mean_std),
     )
 
 
 @DATASETS.register("cifar10")
-def cifar10(data_dir: Path, split: str, download: bool) -> ArrayDataset:
-    """CIFAR-10, uint8 (N, 3, 32, 32), 10 classes."""
-    return _cifar("cifar10", "CIFAR-10", tv.CIFAR10, "cifar-10-batches-py", data_dir, split, download)
+def cifar10(data_dir: Path, split: str, download: bool, val_size: NonNegativeInt = 0,
+            val_seed: NonNegativeInt = 0, mean_std: MeanStd = "none") -> ArrayDataset:
+    """CIFAR-10, uint8 (N, 3, 32, 32), 10 classes.
+
+    ``val_size`` > 0 cuts the training set into train / val (``val_size``) as the MetaVers code
+    does (:func:`train_val_split` with ``val_seed``; MetaVers: 10000 and ``"${seed}"``), and the
+    split ``val`` exists; 0 (default) keeps the whole training set as ``train``. ``mean_std``:
+    see :data:`MeanStd` (MetaVers: ``metavers``)."""
+    return _cifar("cifar10", "CIFAR-10", tv.CIFAR10, "cifar-10-batches-py", data_dir, split, download,
+                  val_size, val_seed, mean_std)
 
 
 @DATASETS.register("cifar100")
-def cifar100(data_dir: Path, split: str, download: bool) -> ArrayDataset:
-    """CIFAR-100 (fine labels), uint8 (N, 3, 32, 32), 100 classes."""
-    return _cifar("cifar100", "CIFAR-100", tv.CIFAR100, "cifar-100-python", data_dir, split, download)
+def cifar100(data_dir: Path, split: str, download: bool, val_size: NonNegativeInt = 0,
+             val_seed: NonNegativeInt = 0, mean_std: MeanStd = "none") -> ArrayDataset:
+    """CIFAR-100 (fine labels), uint8 (N, 3, 32, 32), 100 classes; ``val_size``, ``val_seed``,
+    ``mean_std`` as for :func:`cifar10`."""
+    return _cifar("cifar100", "CIFAR-100", tv.CIFAR100, "cifar-100-python", data_dir, split, download,
+                  val_size, val_seed, mean_std)
+
+
+cifar10.splits = cifar100.splits = ("train", "val", "test", "all")
 
 
 def _whole_set_only(name: str, split: str) -> None:

@@ -28,6 +28,9 @@ class ArrayDataset:
         offline: True when the data was generated or ships inside an installed package, i.e. it is
             *not* the real benchmark dataset. Reports say so.
         description: one line for logs and reports (source, split, preprocessing).
+        source, sources: for a dataset joined from several of its splits
+            (:func:`~pfl_core.data.datasets.load_sources`), ``sources[source[i]]`` is the split row
+            i came from (e.g. ``("train", "val", "test")``); None and () for one split.
     """
 
     name: str
@@ -39,6 +42,8 @@ class ArrayDataset:
     std: tuple[float, ...] | torch.Tensor | None = None
     offline: bool = False
     description: str = ""
+    source: torch.Tensor | None = None
+    sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
@@ -54,17 +59,26 @@ class ArrayDataset:
 
     def to(self, device: torch.device | str) -> "ArrayDataset":
         """A copy whose resident tensors live on ``device`` (done once per run; no-op if there)."""
-        groups = None if self.groups is None else self.groups.to(device)
-        moved = {k: v.to(device) for k, v in (("mean", self.mean), ("std", self.std))
+        moved = {k: v.to(device) for k, v in (("mean", self.mean), ("std", self.std), ("groups", self.groups),
+                                               ("source", self.source))
                  if isinstance(v, torch.Tensor)}
-        return replace(self, x=self.x.to(device), y=self.y.to(device), groups=groups, **moved)
+        return replace(self, x=self.x.to(device), y=self.y.to(device), **moved)
 
     def subset(self, index: torch.Tensor) -> "ArrayDataset":
         """The rows ``index`` as a new dataset (same classes, normalisation and provenance)."""
         groups = None if self.groups is None else self.groups[index]
+        source = None if self.source is None else self.source[index]
         note = f"; subset of {len(index)} of {len(self)} samples"
-        return replace(self, x=self.x[index], y=self.y[index], groups=groups,
+        return replace(self, x=self.x[index], y=self.y[index], groups=groups, source=source,
                        description=self.description + note)
+
+    def source_rows(self, split: str) -> np.ndarray:
+        """The rows that came from source split ``split`` (every row when the dataset is one split)."""
+        if self.source is None:
+            return np.arange(len(self))
+        if split not in self.sources:
+            raise ValueError(f"dataset {self.name!r} holds the splits {list(self.sources)}, not {split!r}")
+        return np.flatnonzero(self.source.cpu().numpy() == self.sources.index(split))
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
@@ -133,6 +147,10 @@ class FederatedData:
     validation_clients: list[int] = field(default_factory=list)
     partition_draws: int = 1
     """Partitions drawn before this one was kept (``build_federated``'s ``min_train_size``)."""
+    pools: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Whole source splits outside the clients (``data.pool_splits``): split name -> its rows, for
+    protocols that draw from a split rather than from clients (the MetaVers novel-class protocol's
+    validation and test classes)."""
 
     def __post_init__(self) -> None:
         groups = [("training", self.train_clients), ("unseen", self.unseen_clients),
@@ -148,4 +166,5 @@ class FederatedData:
         clients = [
             replace(c, splits={k: v.to(device) for k, v in c.splits.items()}) for c in self.clients
         ]
-        return replace(self, dataset=self.dataset.to(device), clients=clients)
+        pools = {k: v.to(device) for k, v in self.pools.items()}
+        return replace(self, dataset=self.dataset.to(device), clients=clients, pools=pools)

@@ -8,7 +8,8 @@ partitioner also takes ``groups`` (one group id per sample).
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+import random
+from typing import Callable, Union
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt, Probabil
 from pfl_core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
+ShuffleRng = Union[np.random.Generator, np.random.RandomState, random.Random]
+"""A generator that can shuffle: numpy's (``permutation``) or Python's (``shuffle``, the MetaVers
+code's ``random.shuffle`` after ``random.seed(seed)``)."""
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
 
 _LDA_EPS = 1e-5
@@ -216,13 +220,23 @@ def assign_classes(
     return assignment
 
 
+def _shuffled(indices: np.ndarray, rng: ShuffleRng) -> np.ndarray:
+    """``indices`` in a random order: ``rng.permutation``, or Python's ``random.shuffle`` (which
+    makes the same swaps on a list as on the code's numpy array)."""
+    if isinstance(rng, random.Random):
+        order = indices.tolist()
+        rng.shuffle(order)
+        return np.asarray(order, dtype=np.int64)
+    return rng.permutation(indices)
+
+
 def split_by_assignment(
-    labels: np.ndarray, assignment: list[list[tuple[int, float]]], rng: np.random.Generator
+    labels: np.ndarray, assignment: list[list[tuple[int, float]]], rng: ShuffleRng
 ) -> list[np.ndarray]:
     """Step B (metavers.md, "Client split"): per class (in class order) shuffle its indices; each
     client, in order, takes the next floor(n_c * p) indices of each of its classes."""
     num_classes = max([int(labels.max()) + 1] + [c + 1 for client in assignment for c, _ in client])
-    pools = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
+    pools = [_shuffled(np.flatnonzero(labels == c), rng) for c in range(num_classes)]
     cursor = np.zeros(num_classes, dtype=np.int64)
     parts = []
     for client in assignment:
@@ -251,9 +265,19 @@ def classes_per_client(
     unused. Use :func:`assign_classes` and :func:`split_by_assignment` to apply one assignment to
     several splits (train/val/test).
     """
-    num_classes = int(labels.max()) + 1
-    assignment = assign_classes(num_classes, num_clients, classes_per_client, rng, low, high)
+    assignment = _classes_per_client_assignment(labels, num_clients, rng, classes_per_client=classes_per_client,
+                                                low=low, high=high)
     return split_by_assignment(labels, assignment, rng)
+
+
+def _classes_per_client_assignment(labels: np.ndarray, num_clients: int, rng, *, classes_per_client: int = 2,
+                                   low: float = 0.4, high: float = 0.6) -> list[list[tuple[int, float]]]:
+    return assign_classes(int(labels.max()) + 1, num_clients, classes_per_client, rng, low, high)
+
+
+classes_per_client.phases = (_classes_per_client_assignment, split_by_assignment)
+"""Two-phase form (``assign(labels, num_clients, rng, **params)``, ``apply(labels, assignment,
+rng)``): one assignment applied to several source splits (:func:`partition_sources`)."""
 
 
 def rotation_group_of(client_id: int, num_clients: int, num_groups: int) -> int:
@@ -309,16 +333,7 @@ def partitioner_params(name: str) -> dict[str, object]:
     return {k: p.default for k, p in _keyword_params(PARTITIONERS.get(name)).items()}
 
 
-def partition(
-    name: str,
-    labels: np.ndarray,
-    num_clients: int,
-    rng: np.random.Generator,
-    groups: np.ndarray | None = None,
-    **params: object,
-) -> list[np.ndarray]:
-    """Run partitioner ``name`` after checking ``params``; ``groups`` goes only to ``natural``-style
-    partitioners (those with a ``groups`` keyword)."""
+def _checked_params(name: str, num_clients: int, params: dict) -> Partitioner:
     fn = PARTITIONERS.get(name)
     allowed = _keyword_params(fn)
     for key in params:
@@ -329,9 +344,52 @@ def partition(
             )
     if num_clients < 1:
         raise ValueError(f"partitioner {name!r}: num_clients must be >= 1, got {num_clients}")
+    return fn
+
+
+def partition(
+    name: str,
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    groups: np.ndarray | None = None,
+    **params: object,
+) -> list[np.ndarray]:
+    """Run partitioner ``name`` after checking ``params``; ``groups`` goes only to ``natural``-style
+    partitioners (those with a ``groups`` keyword)."""
+    fn = _checked_params(name, num_clients, params)
     labels = np.asarray(labels)
     if "groups" in inspect.signature(fn).parameters:
         if groups is None:
             raise ValueError(f"partitioner {name!r} needs per-sample groups; the dataset has none")
         params["groups"] = np.asarray(groups)
     return fn(labels, num_clients, rng, **params)
+
+
+def two_phase(name: str) -> bool:
+    """Whether partitioner ``name`` can apply one assignment to several splits."""
+    return hasattr(PARTITIONERS.get(name), "phases")
+
+
+def partition_sources(
+    name: str,
+    labels: dict[str, np.ndarray],
+    num_clients: int,
+    assign_rng: np.random.Generator | np.random.RandomState,
+    split_rng: Callable[[str], ShuffleRng],
+    **params: object,
+) -> dict[str, list[np.ndarray]]:
+    """Partition several source splits (name -> its labels) with ONE assignment of classes to
+    clients: the partitioner's first phase once, on the first split's labels, with ``assign_rng``;
+    its second phase on each split, in order, with ``split_rng(split)``. Returns each split's
+    per-client indices (into that split's labels). MetaVers spec, "Client split": Step A once,
+    Step B per split."""
+    fn = _checked_params(name, num_clients, params)
+    if not hasattr(fn, "phases"):
+        two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
+        raise ValueError(f"partitioner {name!r} cannot apply one assignment to several splits "
+                         f"(data.source_splits, data.partition_seeding: reseed); use one of {two}")
+    assign, apply = fn.phases
+    first = np.asarray(next(iter(labels.values())))
+    assignment = assign(first, num_clients, assign_rng, **params)
+    return {split: apply(np.asarray(y), assignment, split_rng(split)) for split, y in labels.items()}
