@@ -15,6 +15,9 @@ exactly where :mod:`pfl_core.data` looks for them:
 * :func:`write_metadataset`: Meta-Dataset sources, TFRecords written with the ``tfrecord`` package
   (``metadataset/records/<source>/<class>.tfrecords``) and image folders
   (``metadataset/folders/<source>/train/<class>/*.png``);
+* :func:`write_cinic10`: CINIC-10 PNG folders (``CINIC-10/{train,valid,test}/<class>/*.png``);
+* :func:`write_miniimagenet`: learn2learn's mini-ImageNet cache pickles
+  (``mini-imagenet/mini-imagenet-cache-{train,validation,test}.pkl``);
 * :func:`write_all`: everything every suite's ``smoke`` profile reads, sized for it (see there).
 """
 from __future__ import annotations
@@ -180,6 +183,54 @@ def cifar_md5_hook_env(hook_dir: Path, md5s: dict) -> dict[str, str]:
     spec.write_text(json.dumps(md5s))
     path = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH", "")) if p)
     return {"PYTHONPATH": path, "PFL_TEST_CIFAR10_MD5": str(spec)}
+
+
+# ------------------------------------------------------------------------------- CINIC-10, mini-ImageNet
+
+CINIC_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def write_cinic10(root: Path, per_class: int = 2, classes: tuple[str, ...] = CINIC_CLASSES) -> dict:
+    """CINIC-10's unpacked layout: ``root/CINIC-10/{train,valid,test}/<class>/<split>-<k>.png``, 32x32
+    RGB noise PNGs. Returns ``{split: (images (N, 32, 32, 3), labels)}`` in ImageFolder order
+    (classes by folder name, files by name), ``split`` in train/val/test."""
+    from PIL import Image
+
+    arrays = {}
+    for s, (split, folder) in enumerate((("train", "train"), ("val", "valid"), ("test", "test"))):
+        images, labels = [], []
+        for label, name in enumerate(sorted(classes)):
+            target = root / "CINIC-10" / folder / name
+            target.mkdir(parents=True, exist_ok=True)
+            batch = fake_images(per_class, (32, 32, 3), seed=100 * s + label)
+            for k, rgb in enumerate(batch):
+                Image.fromarray(rgb).save(target / f"{folder}-{k:05d}.png")
+            images.append(batch)
+            labels += [label] * per_class
+        arrays[split] = (np.concatenate(images), np.asarray(labels))
+    return arrays
+
+
+def write_miniimagenet(root: Path, classes: dict[str, int] | None = None, per_class: int = 3,
+                       size: int = 84) -> dict:
+    """learn2learn's mini-ImageNet cache files ``root/mini-imagenet/mini-imagenet-cache-<mode>.pkl``:
+    a pickled dict ``{"image_data": uint8 (N, size, size, 3), "class_dict": {wnid: [rows]}}``, the
+    rows of a class interleaved with the others' (so the loader must read ``class_dict``).
+    ``classes``: classes per split (default 4/2/2). Returns ``{split: (images, labels within the
+    file)}`` for split in train/val/test."""
+    classes = classes or {"train": 4, "val": 2, "test": 2}
+    folder = root / "mini-imagenet"
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {}
+    for s, (split, mode) in enumerate((("train", "train"), ("val", "validation"), ("test", "test"))):
+        n = classes[split] * per_class
+        labels = np.arange(n) % classes[split]
+        images = fake_images(n, (size, size, 3), seed=200 + s)
+        class_dict = {f"n{s}{k:07d}": np.flatnonzero(labels == k).tolist() for k in range(classes[split])}
+        with open(folder / f"mini-imagenet-cache-{mode}.pkl", "wb") as f:
+            pickle.dump({"image_data": images, "class_dict": class_dict}, f)
+        arrays[split] = (images, labels)
+    return arrays
 
 
 # ------------------------------------------------------------------------------------ LEAF FEMNIST
