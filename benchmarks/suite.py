@@ -61,6 +61,7 @@ from benchmarks.code_reference import Checks, parse_code_reference
 from pfl_core.algorithms import METHODS
 from pfl_core.config import ConfigError, RunConfig, check_call_values, section_keys
 from pfl_core.data import DATASETS, PARTITIONERS
+from pfl_core.data.builder import check_sources
 from pfl_core.data.datasets import loader_params
 from pfl_core.evaluation import PROTOCOLS, SUMMARY_KEYS, EvalConfig
 from pfl_core.models import MODELS
@@ -425,6 +426,7 @@ def validate_config(config: dict, where: str, origins: dict[str, str] | None = N
         DATASETS.get(cfg.data.dataset)
         check_call_values(loader_params(cfg.data.dataset), cfg.data.params, "data.params.",
                           f"dataset {cfg.data.dataset!r}")
+        check_sources(cfg.data)
         MODELS.get(cfg.model.name)
         method = METHODS.get(cfg.method.name)
         method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",

@@ -79,9 +79,10 @@ class DataConfig:
     """Client split -> split of the source dataset it comes from, e.g. ``{train: train, val: val,
     test: test}`` (MetaVers: clients hold the same classes in the dataset's train, val and test
     splits; MetaVers spec, "Client split"). The partitioner assigns classes to clients once and
-    cuts each source split with that assignment (only partitioners that work in two phases,
-    ``classes_per_client``); ``split`` and ``client_splits`` are then unused and ``client_splits``
-    must be ``{}``. Empty (default): one source split (``split``) is partitioned and each client cut
+    cuts each source split with that assignment (for several source splits, only partitioners that
+    work in two phases: ``classes_per_client``; one source split, e.g. ``{train: train}`` with
+    ``pool_splits``, takes any partitioner); ``split`` and ``client_splits`` are then unused and
+    ``client_splits`` must be ``{}``. Empty (default): one source split (``split``) is partitioned and each client cut
     by ``client_splits``."""
     pool_splits: list = field(default_factory=list)
     """Source splits loaded whole beside the clients' (``FederatedData.pools``), for protocols that

@@ -15,8 +15,8 @@ from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, l
 from pfl_core.data.builder import partition_rngs
 from pfl_core.data.datasets import METAVERS_MEAN_STD, train_val_split
 from pfl_core.data.federated import ArrayDataset
-from pfl_core.data.partitions import assign_classes, partition_sources
-from pfl_core.experiment import run_experiment
+from pfl_core.data.partitions import assign_classes, partition, partition_sources
+from pfl_core.experiment import load_run_dataset, run_experiment
 from pfl_core.seeding import RunStreams
 
 from fake_data import write_cifar_layout, write_cinic10, write_miniimagenet
@@ -293,7 +293,8 @@ def test_source_split_config_errors():
         RunConfig.from_dict({"data": {"partition_seeding": "global"}})
     with pytest.raises(ValueError, match=r"partitioner 'iid' cannot apply one assignment.*classes_per_client"):
         build_federated(_joined(), num_clients=4, partition="iid", partition_params={}, client_splits={},
-                        unseen_fraction=0.0, streams=RunStreams(0), source_splits={"train": "train"})
+                        unseen_fraction=0.0, streams=RunStreams(0),
+                        source_splits={"train": "train", "test": "test"})
 
 
 def test_new_data_keys_leave_existing_config_hashes_alone():
@@ -319,3 +320,49 @@ def test_a_run_on_metavers_cifar10_splits(tmp_path, monkeypatch):
     result = run_experiment(cfg, device="cpu", data_dir=str(tmp_path))
     assert 0 <= result.metrics["acc"] <= 1 and len(result.clients) == 5
     assert sum(c["num_samples"] for c in result.clients) == sum(c["meta"]["n_test"] for c in result.clients)
+
+
+def test_suite_validation_checks_split_names_and_partitioner():
+    from benchmarks.suite import SuiteError, validate_config
+
+    def config(**data):
+        return {"data": {"dataset": "cifar10", "client_splits": {}, "partition": {"name": "classes_per_client"},
+                         **data}, "model": {"name": "lenet"}}
+
+    validate_config(config(source_splits={"train": "train", "val": "val"}, pool_splits=["test"]), "s.yaml: cell")
+    with pytest.raises(SuiteError, match=r"data.source_splits.val: dataset 'cifar10' has the splits "
+                                         r"\['train', 'val', 'test'\], not 'valid'"):
+        validate_config(config(source_splits={"train": "train", "val": "valid"}), "s.yaml: cell")
+    with pytest.raises(SuiteError, match=r"data.pool_splits\[0\]: dataset 'cifar10'"):
+        validate_config(config(source_splits={"train": "train"}, pool_splits=["all"]), "s.yaml: cell")
+    with pytest.raises(SuiteError, match=r"data.partition_seeding needs a partitioner .* not 'dirichlet'"):
+        validate_config({"data": {"dataset": "cifar10", "partition": {"name": "dirichlet"},
+                                  "partition_seeding": "reseed"}}, "s.yaml: cell")
+
+
+def test_novel_class_training_clients_are_two_shards_of_one_class_each():
+    """Table 6: 64 classes x 600 training images, sorted by label, 128 shards of 300, 2 per client."""
+    labels = np.random.default_rng(0).permutation(np.repeat(np.arange(64), 600))
+    parts = partition("shards", labels, 64, np.random.default_rng(1), num_shards=128, shards_per_client=2)
+    assert [len(p) for p in parts] == [600] * 64
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+    ways = [len(np.unique(labels[p])) for p in parts]
+    assert set(ways) <= {1, 2} and 2 in ways
+    for p in parts:  # each 300-image shard holds one class
+        assert all(len(np.unique(labels[half])) == 1 for half in (p[:300], p[300:]))
+
+
+def test_novel_class_run_data_keeps_val_and_test_whole(tmp_path):
+    write_miniimagenet(tmp_path, classes={"train": 4, "val": 2, "test": 2}, per_class=3, size=84)
+    cfg = RunConfig.from_dict({"data": {
+        "dataset": "miniimagenet", "num_clients": 2, "client_splits": {},
+        "partition": {"name": "shards", "num_shards": 4, "shards_per_client": 2},
+        "source_splits": {"train": "train"}, "pool_splits": ["val", "test"]},
+        "federation": {"clients_per_round": 0}})
+    ds = load_run_dataset(cfg, str(tmp_path))
+    fed = build_federated(ds, num_clients=2, partition="shards", partition_params={"num_shards": 4,
+                          "shards_per_client": 2}, client_splits={}, unseen_fraction=0.0, streams=RunStreams(0),
+                          source_splits=cfg.data.source_splits, pool_splits=cfg.data.pool_splits)
+    assert sorted(torch.cat([c.splits["train"] for c in fed.clients]).tolist()) == list(range(12))
+    assert set(ds.y[fed.pools["val"]].tolist()) == {64, 65} and set(ds.y[fed.pools["test"]].tolist()) == {80, 81}
+    assert all(set(c.splits) == {"train"} for c in fed.clients)

@@ -11,7 +11,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pfl_core.config import ConfigError, DataConfig
+from pfl_core.data.datasets import loader_splits
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
+from pfl_core.data.partitions import PARTITIONERS, two_phase
 from pfl_core.data.partitions import partition as run_partition
 from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of
 from pfl_core.data.splits import split_indices, split_seen_unseen
@@ -30,6 +33,23 @@ def _client_groups(
         return [int(groups[idx[0]]) if len(idx) and (groups[idx] == groups[idx[0]]).all() else None
                 for idx in parts]
     return [None] * len(parts)
+
+
+def check_sources(data: DataConfig) -> None:
+    """Load-time check of ``data.source_splits`` / ``pool_splits`` / ``partition_seeding`` against
+    the dataset's splits and the partitioner (raises :class:`ConfigError` naming the key)."""
+    splits = [s for s in loader_splits(data.dataset) if s != "all"]
+    for key, name in [*((f"data.source_splits.{k}", v) for k, v in data.source_splits.items()),
+                      *((f"data.pool_splits[{i}]", v) for i, v in enumerate(data.pool_splits))]:
+        if name not in splits:
+            raise ConfigError(f"{key}: dataset {data.dataset!r} has the splits {splits}, not {name!r}", key)
+    partition = data.partition.get("name") if isinstance(data.partition, dict) else None
+    several = len(set(data.source_splits.values())) > 1
+    if (several or data.partition_seeding == "reseed") and partition in PARTITIONERS and not two_phase(partition):
+        two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
+        key = "data.source_splits" if several else "data.partition_seeding"
+        raise ConfigError(f"{key} needs a partitioner that applies one class assignment to several splits "
+                          f"({two}), not {partition!r}", key)
 
 
 def build_federated(
@@ -135,12 +155,17 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
                          source_splits: dict[str, str], assign_rng, split_rng: Callable) -> list[Client]:
     """Clients whose splits come from different source splits of ``dataset`` with ONE class
     assignment (MetaVers spec, "Client split": Step A once, Step B per source split): client split
-    ``name`` of client i is client i's part of source split ``source_splits[name]``, whole."""
+    ``name`` of client i is client i's part of source split ``source_splits[name]``, whole. With a
+    single source split any partitioner serves (e.g. ``shards`` on the novel-class ``train`` split)."""
     labels = dataset.labels_numpy()
     sources = list(dict.fromkeys(source_splits.values()))
     rows = {s: dataset.source_rows(s) for s in sources}
-    parts = partition_sources(partition, {s: labels[rows[s]] for s in sources}, num_clients, assign_rng,
-                              split_rng, **partition_params)
+    if len(sources) == 1 and not two_phase(partition):  # one source split: any partitioner
+        parts = {sources[0]: run_partition(partition, labels[rows[sources[0]]], num_clients, assign_rng,
+                                           **partition_params)}
+    else:
+        parts = partition_sources(partition, {s: labels[rows[s]] for s in sources}, num_clients, assign_rng,
+                                  split_rng, **partition_params)
     clients = []
     for cid in range(num_clients):
         own = {s: rows[s][parts[s][cid]] for s in sources}
