@@ -79,7 +79,7 @@ METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", 
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 AXIS_KEYS = {"name", "key", "values"}
-FREE_FORM = ("data.params", "data.partition", "data.client_splits", "model.params",
+FREE_FORM = ("data.params", "data.partition", "data.client_splits", "data.source_splits", "model.params",
              "method.params", "evaluation.params")
 SCHEMA_KEYS = section_keys()
 
