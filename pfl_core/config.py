@@ -82,8 +82,8 @@ class DataConfig:
     cuts each source split with that assignment (for several source splits, only partitioners that
     work in two phases: ``classes_per_client``; one source split, e.g. ``{train: train}`` with
     ``pool_splits``, takes any partitioner); ``split`` and ``client_splits`` are then unused and
-    ``client_splits`` must be ``{}``. Empty (default): one source split (``split``) is partitioned and each client cut
-    by ``client_splits``."""
+    ``client_splits`` must be ``{}``. Empty (default): one source split (``split``) is partitioned
+    and each client cut by ``client_splits``."""
     pool_splits: list = field(default_factory=list)
     """Source splits loaded whole beside the clients' (``FederatedData.pools``), for protocols that
     draw from a split rather than from clients (MetaVers' novel-class val/test classes). Needs
@@ -202,8 +202,10 @@ class RunConfig:
                               f"(data.num_clients minus unseen and validation clients), or 0 for all; got "
                               f"{self.federation.clients_per_round}", "federation.clients_per_round")
 
-
     def _check_source_splits(self) -> None:
+        """``data.source_splits`` / ``pool_splits`` / ``partition_seeding`` with the other data keys
+        (the split names and the partitioner are checked against the dataset at suite load time,
+        :func:`pfl_core.data.builder.check_sources`)."""
         d = self.data
         if d.partition_seeding == "reseed" and d.redraw_short_clients:
             raise ConfigError("data.redraw_short_clients cannot redraw a partition under data.partition_seeding: "
