@@ -60,7 +60,9 @@ def test_the_report_picks_the_test_value_at_the_best_validation_round(tmp_path):
         assert best_val_round(val, test).round == first_best
     # lr 1e-7 changes no prediction: the 2nd evaluation is no new best, and patience 0 stops there
     assert stops["tiny"] == [4.0, 4.0, 4.0]
-    _, _, table = write_report(suite, tracker, "smoke", tmp_path / "reports")
+    md, _, table = write_report(suite, tracker, "smoke", tmp_path / "reports")
+    assert "federation.early_stopping=True (default False)" in md.read_text()  # the switch, in the report
+    assert "federation.patience_rule='no_best' (default 'drop')" in md.read_text()
     for _, row in table.iterrows():
         assert row["n_seeds"] == 3
         assert row["mean"] == pytest.approx(100 * np.mean(picks[row["lr"]]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pfl_core.config import FederationConfig
 from pfl_core.early_stopping import stop_round
@@ -111,3 +112,17 @@ def test_run_federation_with_a_real_protocol_stops_by_its_val_history():
     rows = [(row["round"], row["val_acc_weighted"]) for row in result.history if "val_acc_weighted" in row]
     assert [r for r, _ in rows] == list(range(2, len(result.history) + 1, 2))
     assert result.stopped_round == stop_round(rows, "no_best", 1, 0) == len(result.history) < 60
+
+
+def test_a_run_resumed_after_its_stop_keeps_the_stop_and_its_final_evaluation():
+    from pfl_core.checkpoint import federation_state, load_federation_state
+
+    original = federation(SCRIPT)
+    done = run_lockstep([original], Executor("sequential"))[0]
+    # a checkpoint of the stopped run: its history ends with the stopping evaluation
+    resumed = federation(SCRIPT)
+    load_federation_state(resumed, federation_state(original), torch.device("cpu"))
+    result = run_lockstep([resumed], Executor("sequential"), start_round=len(original.result.history))[0]
+    assert result.stopped_round == done.stopped_round == 105
+    assert result.history == done.history
+    assert result.final.summary == done.final.summary  # evaluated again from the saved server
