@@ -127,8 +127,8 @@ class FederationConfig:
     best (MetaVers ``trainer.py``, Tables 2-5); ``no_best`` counts every evaluation without a new
     best (``trainer_novel_class.py``, Table 6)."""
     early_stopping_after: NonNegativeInt = 101
-    """Early stopping: stop only at an evaluation round above this (MetaVers code: tau > 101;
-    Table 6's trainer: 0)."""
+    """Early stopping: the code stops only at a round above this (MetaVers: ``min_epoch + 1`` =
+    101; Table 6's trainer: 0), so an evaluation due at or before it still takes place."""
 
 
 @dataclass

@@ -146,7 +146,7 @@ class Federation:
         rows = [*self.result.history, metrics]
         evaluations = [(int(r["round"]), float(r[key])) for r in rows if key in r]
         return stop_round(evaluations, self.cfg.patience_rule, self.cfg.patience,
-                          self.cfg.early_stopping_after) == metrics["round"]
+                          self.cfg.early_stopping_after, self.cfg.eval_every) == metrics["round"]
 
     def finish_round(self, round_idx: int, updates: list[ClientUpdate], executor: Executor) -> None:
         """Aggregate the round's updates, check them, evaluate when due, record the metrics."""

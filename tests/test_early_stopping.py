@@ -28,10 +28,12 @@ def evaluations(every):
 
 
 def test_drop_rule_counts_drops_from_the_previous_evaluation_and_resets_at_a_new_best():
-    assert stop_round(evaluations(50)) == 700  # 14th evaluation: counter 11 > 10 and 700 > 101
-    assert stop_round(evaluations(5)) == 105   # counter > 10 at round 70, but only a round > 101 stops
-    assert stop_round(evaluations(5), after=0) == 70
-    assert stop_round(evaluations(50), patience=11) == 750
+    assert stop_round(evaluations(50), every=50) == 700  # 14th evaluation: counter 11 > 10, 750 > 101
+    # counter > 10 at round 70, but the code stops only at a round > 101: the evaluations due at
+    # 75..100 still happen (the counter keeps growing), and none follows the one at 100
+    assert stop_round(evaluations(5), every=5) == 100
+    assert stop_round(evaluations(5), every=5, after=0) == 70
+    assert stop_round(evaluations(50), patience=11, every=50) == 750
     assert stop_round([(50, 0.5), (100, 0.7), (150, 0.6), (200, 0.8)] + [(250 + 50 * k, 0.8 - 0.01 * k)
                                                                          for k in range(10)]) is None  # reset at 0.8
 
@@ -42,6 +44,7 @@ def test_no_best_rule_counts_every_evaluation_without_a_new_best():
     flat = [(k, 0.5) for k in range(1, 20)]
     assert stop_round(flat, rule="no_best", after=0) == 12  # equal values are no new best
     assert stop_round(flat, rule="drop", after=0) is None    # ... nor a drop
+    assert stop_round([(1, 0.0)], rule="no_best", patience=0, after=0) == 1  # the best starts at 0, as the code
 
 
 class Scripted(Protocol):
@@ -70,10 +73,10 @@ def federation(script, early_stopping=True, rounds=200, **kw):
 
 def test_the_federation_stops_at_the_rule_round_and_keeps_that_evaluation():
     result = run_lockstep([federation(SCRIPT)], Executor("sequential"))[0]
-    assert result.stopped_round == 105
-    assert len(result.history) == 105 and result.history[-1]["round"] == 105
-    assert result.final.summary["acc"] == 20.0  # the 21st evaluation, the one at round 105
-    assert len(result.sampled) == 105
+    assert result.stopped_round == 100
+    assert len(result.history) == 100 and result.history[-1]["round"] == 100
+    assert result.final.summary["acc"] == 19.0  # the 20th evaluation, the one at round 100
+    assert len(result.sampled) == 100
 
 
 def test_early_stopping_is_off_by_default_and_runs_every_round():
@@ -85,7 +88,7 @@ def test_runs_in_lockstep_stop_each_at_its_own_round():
     never = [0.1 * k for k in range(1, 40)]
     stops, goes_on = run_lockstep([federation(SCRIPT, rounds=150), federation(never, rounds=150)],
                                   Executor("sequential"))
-    assert (stops.stopped_round, len(stops.history)) == (105, 105)
+    assert (stops.stopped_round, len(stops.history)) == (100, 100)
     assert (goes_on.stopped_round, len(goes_on.history)) == (None, 150)
     alone = run_lockstep([federation(never, rounds=150)], Executor("sequential"))[0]
     assert goes_on.sampled == alone.sampled  # the other run's stop changes nothing of this one
@@ -111,7 +114,7 @@ def test_run_federation_with_a_real_protocol_stops_by_its_val_history():
                             RunStreams(0))
     rows = [(row["round"], row["val_acc_weighted"]) for row in result.history if "val_acc_weighted" in row]
     assert [r for r, _ in rows] == list(range(2, len(result.history) + 1, 2))
-    assert result.stopped_round == stop_round(rows, "no_best", 1, 0) == len(result.history) < 60
+    assert result.stopped_round == stop_round(rows, "no_best", 1, 0, 2) == len(result.history) < 60
 
 
 def test_a_run_resumed_after_its_stop_keeps_the_stop_and_its_final_evaluation():
@@ -123,6 +126,6 @@ def test_a_run_resumed_after_its_stop_keeps_the_stop_and_its_final_evaluation():
     resumed = federation(SCRIPT)
     load_federation_state(resumed, federation_state(original), torch.device("cpu"))
     result = run_lockstep([resumed], Executor("sequential"), start_round=len(original.result.history))[0]
-    assert result.stopped_round == done.stopped_round == 105
+    assert result.stopped_round == done.stopped_round == 100
     assert result.history == done.history
     assert result.final.summary == done.final.summary  # evaluated again from the saved server

@@ -38,7 +38,8 @@ def test_groups_are_a_function_of_the_rng_only():
     a = draw_group(CLASS_ROWS, 5, 10, np.random.default_rng(3))
     b = draw_group(CLASS_ROWS, 5, 10, np.random.default_rng(3))
     c = draw_group(CLASS_ROWS, 5, 10, np.random.default_rng(4))
-    assert a.classes == b.classes and all(np.array_equal(x, y) for x, y in zip(a.support + a.query, b.support + b.query))
+    assert a.classes == b.classes
+    assert all(np.array_equal(x, y) for x, y in zip(a.support + a.query, b.support + b.query))
     assert a.classes != c.classes or not all(np.array_equal(x, y) for x, y in zip(a.support, c.support))
 
 

@@ -149,9 +149,8 @@ def test_batched_proto_eval_equals_the_sequential_one(personal):
     torch.manual_seed(0)
     model = build_model("lenet", (3, 32, 32), 4).double()
     cfg = EvalConfig(val_split="val", batch_size=4, nvar=True)
-    runs = [evaluate(fed, model, cfg, execution,
-                     algorithm=PersonalFedAvg.make(model) if personal else None) for execution in ("sequential", "batched")]
-    seq, bat = runs
+    seq, bat = [evaluate(fed, model, cfg, execution, algorithm=PersonalFedAvg.make(model) if personal else None)
+                for execution in ("sequential", "batched")]
     assert seq.summary.keys() == bat.summary.keys()
     for key in seq.summary:
         assert bat.summary[key] == pytest.approx(seq.summary[key], rel=1e-9, abs=1e-12), key
