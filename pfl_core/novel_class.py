@@ -39,6 +39,7 @@ from sklearn.model_selection import KFold
 from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
 from pfl_core.data.federated import ArrayDataset, FederatedData
 from pfl_core.evaluation import PROTOCOLS, EvalConfig, EvalResult, Protocol
+from pfl_core.proto_eval import eval_mode
 from pfl_core.prototypes import class_prototypes, nearest_prototype
 from pfl_core.training import Params, embed
 
@@ -130,13 +131,9 @@ class NovelClassEval(Protocol):
     @torch.no_grad()
     def _embed(self, algorithm: Algorithm, params: Params, dataset: ArrayDataset) -> torch.Tensor:
         size = self.cfg.batch_size or 256
-        model, training = algorithm.model, algorithm.model.training
-        model.eval()
-        try:
-            rows = torch.arange(len(dataset), device=dataset.y.device)
+        rows = torch.arange(len(dataset), device=dataset.y.device)
+        with eval_mode(algorithm.model) as model:
             return torch.cat([embed(model, params, dataset.batch(chunk)[0]) for chunk in rows.split(size)])
-        finally:
-            model.train(training)
 
     def _split(self, role: str, algorithm: Algorithm, params: Params, groups: int, evaluation: int):
         if role not in self.data:

@@ -25,6 +25,7 @@ embeddings of all clients pooled, n_k the nearest other prototype, nVAR = mean o
 mean over class-k samples of ||c_k - f(x)||^2 / ||c_k - n_k||^2. Logged as ``nvar`` when
 ``evaluation.params.nvar`` is true.
 
+The model embeds in eval mode (BatchNorm with running statistics), as the code's ``model.eval()``.
 Two paths, like :mod:`pfl_core.evaluation`: ``sequential`` embeds each client's splits in chunks of
 the evaluation batch size, in index order; ``batched`` embeds the same chunks, the clients whose
 chunks at one position have equal sizes in one ``vmap``-ed call (clients sharing the server's
@@ -33,6 +34,7 @@ chunks are the same, so the two agree to float rounding (tested in float64).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +68,18 @@ def nvar(embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     per_class = torch.zeros(present.numel(), dtype=ratio.dtype, device=ratio.device).index_add_(0, remap, ratio)
     per_class = per_class / torch.bincount(remap, minlength=present.numel()).to(ratio.dtype)
     return per_class.mean()
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module):
+    """``model`` in eval mode (BatchNorm with its running statistics) for the block, as the code's
+    ``model.eval()`` before ``proto_eval`` and the novel-class evaluation; its mode is restored."""
+    training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(training)
 
 
 @dataclass
@@ -156,10 +170,12 @@ class ProtoEval(Protocol):
         num_classes = clients[0].dataset.num_classes
         labels = {split: [ctx.dataset.y[ctx.client.splits[split]] for ctx in clients]
                   for split in ("train", *self.splits)}
-        train = embed_all(algorithm, params, clients, "train")
+        with eval_mode(algorithm.model):
+            embedded = {split: embed_all(algorithm, params, clients, split) for split in ("train", *self.splits)}
+        train = embedded["train"]
         summary, final = {}, None
         for split in self.splits:
-            emb = embed_all(algorithm, params, clients, split)
+            emb = embedded[split]
             scores = [_score(t, ty, e, y, num_classes)
                       for t, ty, e, y in zip(train, labels["train"], emb, labels[split])]
             result = self._summarise(clients, scores)
