@@ -42,7 +42,7 @@ import torch
 from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
 from pfl_core.data.federated import FederatedData
 from pfl_core.evaluation import (
-    PROTOCOLS, ClientResult, EvalConfig, EvalResult, Protocol, _ClientStack, _group, batched_evaluation_fallback,
+    PROTOCOLS, ClientResult, EvalConfig, EvalResult, Protocol, _ClientStack, _group,
     check_finite_results, summarise,
 )
 from pfl_core.prototypes import class_prototypes, nearest_prototype, prototype_logits, squared_distances
@@ -164,8 +164,9 @@ class ProtoEval(Protocol):
                  executor=None, history=None) -> EvalResult:
         clients = list(contexts.values())
         params = [algorithm.predictor(server, ctx) for ctx in clients]
-        batched = (executor is not None and executor.execution == "batched"
-                   and batched_evaluation_fallback(algorithm) is None)
+        # the batched path never calls the method's client hooks (only predictor, on the host, and
+        # the embedding), so a method's eval_batched_fallback (about its logits) does not apply
+        batched = executor is not None and executor.execution == "batched"
         embed_all = self._embed_batched if batched else self._embed_sequential
         num_classes = clients[0].dataset.num_classes
         labels = {split: [ctx.dataset.y[ctx.client.splits[split]] for ctx in clients]

@@ -180,3 +180,21 @@ def test_proto_needs_a_model_with_an_embedding_and_the_splits():
     protocol = PROTOCOLS.get("proto")(EvalConfig(val_split="dev"))
     with pytest.raises(ValueError, match="'dev' split"):
         protocol.client_ids(fed)
+
+
+def test_proto_protocol_agrees_with_metavers_own_prototype_logits_under_seen():
+    from tests.test_metavers import image_data
+
+    fed = image_data()
+    torch.manual_seed(0)
+    model = build_model("le_embedding", (3, 32, 32), 4)
+    algorithm = make_method("metavers", model, shot=2, query=3, warmup=1)
+    cfg = FederationConfig(rounds=2, clients_per_round=2, batch_size=4)
+    seen = PROTOCOLS.get("seen")(EvalConfig(reduction="sample"))
+    result = run_federation(algorithm, fed, model_params(model), cfg, seen, RunStreams(0))
+    proto = PROTOCOLS.get("proto")(EvalConfig())
+    contexts = make_contexts(fed, proto.client_ids(fed), cfg, RunStreams(0), "eval", 4)
+    for execution in ("sequential", "batched"):
+        summary = proto.evaluate(algorithm, result.server, contexts, Executor(execution)).summary
+        assert summary["avg_acc"] == pytest.approx(result.final.summary["acc_weighted"])
+        assert summary["mean_acc"] == pytest.approx(result.final.summary["acc"])
