@@ -176,7 +176,7 @@ def cmd_tune(args) -> int:
 def cmd_list(args) -> int:
     from pfl_core.algorithms import METHODS
     from pfl_core.data import DATASETS, PARTITIONERS
-    from pfl_core.evaluation import PROTOCOLS
+    from pfl_core.protocols import PROTOCOLS
     from pfl_core.models import MODELS
 
     registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS,

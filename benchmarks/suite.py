@@ -63,7 +63,8 @@ from pfl_core.config import ConfigError, RunConfig, check_call_values, section_k
 from pfl_core.data import DATASETS, PARTITIONERS
 from pfl_core.data.builder import check_sources
 from pfl_core.data.datasets import loader_params
-from pfl_core.evaluation import PROTOCOLS, SUMMARY_KEYS, EvalConfig
+from pfl_core.evaluation import EvalConfig
+from pfl_core.protocols import EVAL_KEYS, PROTOCOLS
 from pfl_core.models import MODELS
 from pfl_core.registry import UnknownNameError
 
@@ -506,8 +507,8 @@ def _check_seeds(seeds: Any, where: str) -> None:
 
 
 #: the run metrics a suite's ``metric`` may name, as logged by :mod:`benchmarks.tracking`
-FINAL_METRICS = (*SUMMARY_KEYS, "train_loss", "wall_s")
-HISTORY_METRICS = tuple(f"round/{k}" for k in (*SUMMARY_KEYS, "train_loss"))
+FINAL_METRICS = (*EVAL_KEYS, "train_loss", "wall_s", "stopped_round")
+HISTORY_METRICS = tuple(f"round/{k}" for k in (*EVAL_KEYS, "train_loss"))
 CURVE_METRICS = ("curve/acc", "curve/acc_weighted")
 
 

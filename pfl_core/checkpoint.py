@@ -44,6 +44,7 @@ def federation_state(federation) -> dict:
         "server": result.server,
         "history": result.history,
         "sampled": result.sampled,
+        "stopped_round": result.stopped_round,
         "sampler": federation.sampler.rng.bit_generator.state,
         "clients": {cid: {"state": ctx.state, "streams": {name: _stream_state(s) for name, s in ctx.streams.items()}}
                     for cid, ctx in federation.contexts.items()},
@@ -54,6 +55,7 @@ def federation_state(federation) -> dict:
 def load_federation_state(federation, state: dict, device: torch.device) -> None:
     result = federation.result
     result.server, result.history, result.sampled = _to(state["server"], device), state["history"], state["sampled"]
+    result.stopped_round = state.get("stopped_round")  # early stopping (absent from older checkpoints)
     federation.sampler.rng.bit_generator.state = state["sampler"]
     for cid, saved in state["clients"].items():
         ctx = federation.contexts[cid]

@@ -131,7 +131,24 @@ class FederationConfig:
     """Reshuffle a client's batches every epoch (False: shuffle once, fixed order, as CAFeMe)."""
     drop_last: bool = True
     eval_every: NonNegativeInt = 0
-    """Evaluate every this many rounds (0: only after the last round)."""
+    """Evaluate every this many rounds (0: only after the last round). The evaluation of round
+    ``r`` follows ``r`` updates: MetaVers' evaluation at tau = r *before* that round's update."""
+    early_stopping: bool = False
+    """Stop training by the validation history (MetaVers spec, "Early stopping"; the code's
+    rule, not in the paper, which trains T rounds): :func:`pfl_core.early_stopping.stop_round`
+    on ``early_stopping_key`` at every evaluation. Off: every round runs (all other suites)."""
+    early_stopping_key: str = "val_acc_weighted"
+    """The evaluation summary key early stopping reads (``val_acc_weighted`` = the pooled val
+    accuracy, MetaVers' val ``avg_acc``, with ``evaluation.params.val_split: val``)."""
+    patience: NonNegativeInt = 10
+    """Early stopping: stop once the patience counter exceeds this (MetaVers code: 10)."""
+    patience_rule: Literal["drop", "no_best"] = "drop"
+    """Early stopping: ``drop`` counts evaluations lower than the previous one, reset at a new
+    best (MetaVers ``trainer.py``, Tables 2-5); ``no_best`` counts every evaluation without a new
+    best (``trainer_novel_class.py``, Table 6)."""
+    early_stopping_after: NonNegativeInt = 101
+    """Early stopping: the code stops only at a round above this (MetaVers: ``min_epoch + 1`` =
+    101; Table 6's trainer: 0), so an evaluation due at or before it still takes place."""
 
 
 @dataclass

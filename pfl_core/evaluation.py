@@ -75,6 +75,26 @@ class EvalConfig(HyperParams):
     skipped (CAFeMe code); ``sample`` = correct predictions / samples."""
     split: str = "test"
     """The client split evaluated on."""
+    val_split: str = ""
+    """Also evaluate this client split at every evaluation (e.g. ``val``), its summary keys
+    prefixed ``val_`` (``val_acc``, ``val_avg_acc``, ...): the per-round validation history that
+    best-validation selection (MetaVers spec, "Model selection") and early stopping read. Empty:
+    the evaluated split only. Ignored when tuning (``target: validation`` evaluates ``val``)."""
+    nvar: bool = False
+    """Protocol ``proto``: also log ``nvar`` of the test embeddings (MetaVers Table 4; spec
+    "Evaluation protocol", harness default: :func:`pfl_core.proto_eval.nvar`)."""
+    novel_val_split: str = "val"
+    """Protocol ``novel_class``: the dataset split holding the validation classes (Table 6)."""
+    novel_test_split: str = "test"
+    """Protocol ``novel_class``: the dataset split holding the test classes."""
+    ways: PositiveInt = 5
+    """Protocol ``novel_class``: classes per group (MetaVers code: 5)."""
+    users: PositiveInt = 10
+    """Protocol ``novel_class``: users per group, one fold of every class each (code: 10)."""
+    groups_val: PositiveInt = 500
+    """Protocol ``novel_class``: groups per validation evaluation (code: 500)."""
+    groups_test: PositiveInt = 1000
+    """Protocol ``novel_class``: groups per test evaluation (code: 1000)."""
 
     def lr_at(self, step: int) -> float:
         return self.lr * self.gamma ** (step // self.decay_every)
@@ -351,9 +371,21 @@ class Protocol:
         raise NotImplementedError
 
     def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
-                 executor: "Executor | None" = None) -> EvalResult:
+                 executor: "Executor | None" = None, history: list[dict] | None = None) -> EvalResult:
         """Every client's curve; ``executor.execution`` picks the path (default: sequential).
-        A non-finite loss at any step (a diverging fine-tuning) raises :class:`DivergenceError`."""
+        A non-finite loss at any step (a diverging fine-tuning) raises :class:`DivergenceError`.
+        With ``cfg.val_split`` that split is evaluated too, after the test split (whose numbers
+        are thus those of a run without it), its summary keys prefixed ``val_``. ``history`` (the
+        run's rows so far) is for protocols that depend on it."""
+        result = self._evaluate(algorithm, server, contexts, executor)
+        if self.cfg.val_split and self.target == "test":
+            val = type(self)(replace(self.cfg, split=self.cfg.val_split, val_split=""), self.target)
+            after = val._evaluate(algorithm, server, contexts, executor)
+            result.summary.update({f"val_{k}": v for k, v in after.summary.items()})
+        return result
+
+    def _evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
+                  executor: "Executor | None") -> EvalResult:
         steps = self.cfg.steps if algorithm.finetune_at_eval else 0
         batched = executor is not None and executor.execution == "batched"
         if batched and batched_evaluation_fallback(algorithm) is None:
@@ -393,8 +425,10 @@ class SeenClients(Protocol):
         super().__init__(cfg, target)
 
     def client_ids(self, fed: FederatedData) -> list[int]:
-        missing = [c for c in fed.train_clients if self.cfg.split not in fed.clients[c].splits]
-        if missing:
-            raise ValueError(f"client {missing[0]} has no {self.cfg.split!r} split: add it to "
-                             f"data.client_splits (e.g. {{{self.cfg.split}: 0.1}})")
+        for split in filter(None, (self.cfg.split, self.target == "test" and self.cfg.val_split)):
+            missing = [c for c in fed.train_clients if split not in fed.clients[c].splits]
+            if missing:
+                raise ValueError(f"client {missing[0]} has no {split!r} split: add it to "
+                                 f"data.client_splits (e.g. {{{split}: 0.1}})")
         return fed.train_clients
+

@@ -22,7 +22,8 @@ from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
-from pfl_core.evaluation import PROTOCOLS, EvalConfig
+from pfl_core.evaluation import EvalConfig
+from pfl_core.protocols import PROTOCOLS
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams
@@ -184,6 +185,11 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
     protocol_cls = PROTOCOLS.get(cfg.evaluation.protocol)
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
+    protocol.seed = streams.seed_int("evaluation")
+    if hasattr(protocol, "bind"):  # novel_class: its own splits, preprocessed as the training data
+        protocol.bind({role: replace(_cached_dataset(d.dataset, params, split, data_dir), mean=fed.dataset.mean,
+                                     std=fed.dataset.std).to(dev)
+                       for role, split in protocol.dataset_splits.items()})
     return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams)
 
 
@@ -194,6 +200,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
     metrics["short_train_clients"] = float(len(short))  # the report counts them per run
+    if setup.cfg.federation.early_stopping:  # the round training ended at (rounds: it did not stop)
+        metrics["stopped_round"] = float(fed_result.stopped_round or setup.cfg.federation.rounds)
     clients = [
         {"cid": r.cid, "num_samples": r.num_samples, "acc": r.acc, "loss": r.loss,
          "meta": fed.clients[r.cid].meta}
@@ -216,6 +224,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "test_in_other_train_fraction": test_in_other_train_fraction(fed),
         **setup.algorithm.run_info(fed_result.server),
     }
+    if setup.cfg.federation.early_stopping:
+        info["early_stopped_at_round"] = fed_result.stopped_round
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
 
 

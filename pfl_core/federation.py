@@ -18,6 +18,7 @@ from pfl_core.batching import BatchStream
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
+from pfl_core.early_stopping import stop_round
 from pfl_core.engine import Executor, WorkItem
 from pfl_core.errors import DivergenceError
 from pfl_core.evaluation import EvalResult, Protocol
@@ -75,6 +76,8 @@ class FederationResult:
     sampled: list[list[int]] = field(default_factory=list)
     """The clients sampled in each round (depends on the seed alone)."""
     contexts: dict[int, ClientContext] = field(default_factory=dict)
+    stopped_round: int | None = None
+    """The evaluation round at which early stopping ended training (None: it did not)."""
 
 
 def _param_dicts(value):
@@ -127,7 +130,23 @@ class Federation:
         ids = self.protocol.client_ids(self.fed)
         states = {cid: ctx.state for cid, ctx in self.contexts.items()}
         eval_ctx = make_contexts(self.fed, ids, self.cfg, self.streams, "eval", self.eval_batch_size, states)
-        return self.protocol.evaluate(self.algorithm, self.server, eval_ctx, executor)
+        return self.protocol.evaluate(self.algorithm, self.server, eval_ctx, executor, self.result.history)
+
+    @property
+    def stopped(self) -> bool:
+        return self.result.stopped_round is not None
+
+    def _early_stop(self, metrics: dict[str, float]) -> bool:
+        """Whether ``cfg.early_stopping`` ends training at this evaluation (``metrics``)."""
+        key = self.cfg.early_stopping_key
+        if key not in metrics:
+            raise ValueError(f"federation.early_stopping reads {key!r}, which the evaluation does not "
+                             f"log (it logs {sorted(metrics)}): set federation.early_stopping_key, or "
+                             "evaluation.params.val_split: val")
+        rows = [*self.result.history, metrics]
+        evaluations = [(int(r["round"]), float(r[key])) for r in rows if key in r]
+        return stop_round(evaluations, self.cfg.patience_rule, self.cfg.patience,
+                          self.cfg.early_stopping_after, self.cfg.eval_every) == metrics["round"]
 
     def finish_round(self, round_idx: int, updates: list[ClientUpdate], executor: Executor) -> None:
         """Aggregate the round's updates, check them, evaluate when due, record the metrics."""
@@ -142,15 +161,21 @@ class Federation:
         if self.evaluate_clients and (last or (every and (round_idx + 1) % every == 0)):
             evaluation = self.evaluate(executor)
             metrics.update(evaluation.summary)
-            if last:
+            if self.cfg.early_stopping and self._early_stop(metrics):
+                self.result.stopped_round = round_idx + 1
+            if last or self.stopped:
                 self.result.final = evaluation
         self.result.history.append(metrics)
         if self.on_round is not None:
             self.on_round(round_idx, metrics)
 
     def finish(self, executor: Executor) -> FederationResult:
-        if self.cfg.rounds == 0 and self.evaluate_clients:
+        """The result; evaluated here when no round did (zero rounds, or a run that had stopped
+        early before the checkpoint it resumed from: its server is the one evaluated then)."""
+        if self.result.final is None and self.evaluate_clients:
+            history, self.result.history = self.result.history, self.result.history[:-1] if self.stopped else []
             self.result.final = self.evaluate(executor)
+            self.result.history = history
         return self.result
 
 
@@ -166,7 +191,10 @@ def run_lockstep(federations: list[Federation], executor: Executor, start_round:
         raise ValueError(f"runs in lockstep need the same number of rounds, got {sorted(rounds)}")
     total = rounds.pop()
     for round_idx in range(start_round, total):
-        lockstep_round(federations, executor, round_idx)
+        running = [f for f in federations if not f.stopped]  # early stopping
+        if not running:
+            break
+        lockstep_round(running, executor, round_idx)
         if checkpointing is not None and checkpointing.due(round_idx, total):
             checkpointing.save(federations, round_idx)
     return [f.finish(executor) for f in federations]

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 
 from pfl_core.algorithms import METHODS
+from pfl_core.config import FederationConfig
 from pfl_core.data import DATASETS
 from pfl_core.models import MODELS
 
@@ -66,13 +67,27 @@ def warm_start(model: dict) -> list[str]:
     return [f"model.warm_start={' -> '.join(s['name'] for s in steps)}"] if steps else []
 
 
+#: federation fields that change what a run reports (MetaVers code-vs-paper difference 10)
+STOPPING_FIELDS = ("early_stopping", "early_stopping_key", "patience", "patience_rule", "early_stopping_after")
+
+
+def stopping_switches(federation: dict) -> list[str]:
+    """``federation.early_stopping=True (default False)`` and its settings, when it is on."""
+    if not federation.get("early_stopping"):
+        return []
+    defaults = field_defaults(FederationConfig)
+    return [f"federation.{k}={_fmt(federation[k])} (default {_fmt(defaults[k])})"
+            for k in STOPPING_FIELDS if k in federation and federation[k] != defaults[k]]
+
+
 def switches(config: dict) -> list[str]:
     """Every non-default method hyperparameter and model parameter of one resolved config, the
-    method's mechanism line and the warm-start chain."""
+    method's mechanism line, the warm-start chain and early stopping."""
     method, model = config.get("method", {}), config.get("model", {})
     params = method.get("params") or {}
     return (method_switches(method["name"], params) + mechanism(method["name"], params)
-            + model_switches(model["name"], model.get("params") or {}) + warm_start(model))
+            + model_switches(model["name"], model.get("params") or {}) + warm_start(model)
+            + stopping_switches(config.get("federation") or {}))
 
 
 def deviations(profile: str, offline: bool) -> list[str]:
