@@ -148,3 +148,20 @@ def test_backbone_is_the_lenet_trunk_with_an_84_by_84_output_layer():
     assert model(x).shape == (2, 84) and torch.equal(embed(model, params, x), model(x))
     expected = model.embed_dim(torch.relu(model.trunk(x)))
     torch.testing.assert_close(model(x), expected)
+
+
+def test_a_configured_run_end_to_end_records_its_gp_head():
+    from pfl_core.config import RunConfig
+    from pfl_core.experiment import run_experiment
+
+    cfg = RunConfig.from_dict({
+        "data": {"dataset": "digits28", "num_clients": 6, "client_splits": {"test": 0.25},
+                 "partition": {"name": "dirichlet", "alpha": 0.5, "min_size": 20}},
+        "model": {"name": "mlr"},
+        "method": {"name": "pfedgp", "params": {"inner_steps": 1}},
+        "federation": {"rounds": 2, "clients_per_round": 3, "batch_size": 10},
+        "evaluation": {"protocol": "seen"},
+    })
+    result = run_experiment(cfg, device="cpu")
+    assert result.info["pfedgp_gp_head"] == "label_regression"
+    assert result.metrics["acc"] > 0.5  # a GP on a 10-class linear map of the pixels, on 2-4 classes
