@@ -14,7 +14,8 @@ code ``experiments/pfedhn/trainer.py``, AvivSham/pFedHN), for each sampled clien
 
 The code samples **one client per round** (``random.choice``; MetaVers spec, "Clients per round"):
 that is this method's default (``clients_per_round``), whatever ``federation.clients_per_round``
-says. With several clients per round their VJPs are averaged (the code has no such case).
+says. With several clients per round their VJPs are averaged (the code has no such case). The
+code trains for 5000 such rounds (``--num-steps``); the round count is the suite's.
 Each client predicts with its generated weights h(v_i; phi). Clients that never trained keep their
 initial random embedding (the paper's novel-client fine-tuning of v is not implemented).
 """
