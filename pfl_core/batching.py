@@ -63,6 +63,11 @@ class BatchStream:
             self._reorder()
         return list(self._batches)
 
+    def fresh_batch(self) -> torch.Tensor:
+        """The first batch of a fresh permutation, leaving the cyclic order alone: a new
+        ``next(iter(loader))`` of a shuffling DataLoader (the pFedHN code's inner steps)."""
+        return self._permutation()[: self.batch_size]
+
     def next(self) -> torch.Tensor:
         """The next batch of the cyclic iterator; restarts (reshuffled if asked) when exhausted."""
         if self._cursor >= len(self._batches):

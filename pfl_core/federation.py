@@ -113,7 +113,9 @@ class Federation:
         self.on_round, self.evaluate_clients = on_round, evaluate_clients
         self.eval_batch_size = protocol.cfg.batch_size or cfg.batch_size
         self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size)
-        self.sampler = ClientSampler(fed.train_clients, cfg.clients_per_round, streams.numpy("sampling"))
+        per_round = algorithm.clients_per_round(cfg.clients_per_round)
+        self.sampler = ClientSampler(fed.train_clients, per_round, streams.numpy("sampling"))
+        algorithm.prepare(fed)
         self.result = FederationResult(algorithm.init_server(init_params), contexts=self.contexts)
 
     @property

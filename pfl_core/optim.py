@@ -73,3 +73,28 @@ def client_optimizer_state(client_state: dict, key: str, name: str, params: Mapp
     ``persist=False``: no state carried between rounds)."""
     stored = client_state.get(key) if persist else None
     return stored if stored is not None else init_optimizer_state(name, params)
+
+
+def clip_grad_norm(grads: Mapping[str, torch.Tensor], max_norm: float) -> Params:
+    """``grads`` scaled as ``torch.nn.utils.clip_grad_norm_`` does: by min(1, max_norm /
+    (total L2 norm + 1e-6)), as pure tensor code (no branching; runs under vmap). ``max_norm``
+    0 returns ``grads`` unchanged."""
+    if max_norm <= 0:
+        return dict(grads)
+    total = torch.sqrt(sum((g * g).sum() for g in grads.values()))
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    return {k: g * coef for k, g in grads.items()}
+
+
+def sgd_momentum_step(params: Params, grads: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor],
+                      lr: float, momentum: float, weight_decay: float) -> tuple[Params, Params]:
+    """One ``torch.optim.SGD(lr, momentum, weight_decay)`` step (dampening 0, no Nesterov) on the
+    names in ``grads``; ``buffers`` start as zeros (equal to torch's first-step ``buf = g``).
+    Returns (new params, new momentum buffers)."""
+    with torch.no_grad():
+        new_params, new_buffers = dict(params), {}
+        for k, g in grads.items():
+            d = g + weight_decay * params[k] if weight_decay else g
+            new_buffers[k] = momentum * buffers[k] + d
+            new_params[k] = params[k] - lr * new_buffers[k]
+        return new_params, new_buffers

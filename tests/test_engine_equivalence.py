@@ -139,6 +139,13 @@ CASES = {
     "apfl": ("apfl", {"lr": 0.2, "local_steps": 3}, dnn, flat_federation),
     "apfl-fixed-alpha": ("apfl", {"lr": 0.2, "local_steps": 2, "adaptive_alpha": False, "mix_with": "local"}, dnn,
                          flat_federation),
+    # clients_per_round 0: the federation's 3 (pFedHN's own default is 1, which never stacks)
+    "pfedhn": ("pfedhn", {"inner_steps": 2, "inner_lr": 0.1, "clients_per_round": 0, "embed_dim": 3,
+                          "hidden_dim": 8, "n_hidden": 1}, dnn, flat_federation),
+    # pFedGP's default head (tree_pg) has a batched_fallback: the label_regression head is the program
+    "pfedgp": ("pfedgp", {"gp_head": "label_regression", "inner_steps": 2, "lr": 0.1}, dnn, flat_federation),
+    "pfedgp-marginal": ("pfedgp", {"gp_head": "label_regression", "objective": "marginal_likelihood", "lr": 0.1},
+                        dnn, flat_federation),
     # the run's coin flips (seed 11): L = 0 (loss only), 3, then 2 local steps
     "l2sgd": ("l2sgd", {"lr": 0.1, "lam": 1.0, "p": 0.3}, dnn, flat_federation),
     "metavers": ("metavers", METAVERS, lambda: TinyEmbedding(batchnorm=True), balanced_image_federation),

@@ -68,3 +68,26 @@ def test_adam_weight_decay_is_torchs_coupled_l2():
     torch.testing.assert_close(params["w"], ref.detach())
     plain, _ = optimizer_step("adam", p0, {"w": torch.ones(3)}, init_optimizer_state("adam", p0), 0.01)
     assert not torch.allclose(plain["w"], params["w"])
+
+
+def test_clipped_sgd_with_momentum_and_weight_decay_equals_torch():
+    """pFedHN / pFedGP's optimiser: clip_grad_norm_(50 here 1.0) then SGD(momentum, weight_decay)."""
+    from pfl_core.optim import clip_grad_norm, sgd_momentum_step
+
+    gen = torch.Generator().manual_seed(0)
+    p0 = {"w": torch.randn(3, 2, generator=gen, dtype=torch.float64), "b": torch.randn(2, generator=gen, dtype=torch.float64)}
+    ref = [torch.nn.Parameter(p0[k].clone()) for k in ("w", "b")]
+    opt = torch.optim.SGD(ref, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    params, buffers = p0, {k: torch.zeros_like(v) for k, v in p0.items()}
+    for step in range(4):
+        g = {k: (3.0 if step % 2 else 0.1) * torch.randn(v.shape, generator=gen, dtype=torch.float64)
+             for k, v in p0.items()}  # odd steps exceed the clipping norm, even steps do not
+        for r, k in zip(ref, ("w", "b")):
+            r.grad = g[k].clone()
+        torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        opt.step()
+        params, buffers = sgd_momentum_step(params, clip_grad_norm(g, 1.0), buffers, 0.05, 0.9, 1e-3)
+        for r, k in zip(ref, ("w", "b")):
+            torch.testing.assert_close(params[k], r.detach(), rtol=1e-12, atol=1e-12)
+    assert clip_grad_norm({"w": torch.tensor([3.0, 4.0])}, 0)["w"].tolist() == [3.0, 4.0]
+    assert clip_grad_norm({"w": torch.tensor([3.0, 4.0])}, 1.0)["w"] == pytest.approx([0.6, 0.8], rel=1e-5)

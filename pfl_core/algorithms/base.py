@@ -118,6 +118,16 @@ class Algorithm(ABC):
         self.model = model
         self.hp = hp
 
+    def prepare(self, fed) -> None:
+        """Facts of the run's partition (a :class:`~pfl_core.data.federated.FederatedData`) that the
+        method needs before :meth:`init_server`, e.g. pFedHN's client count (its embedding table);
+        called by the federation. Nothing by default."""
+
+    def clients_per_round(self, configured: int) -> int:
+        """Clients sampled per round; ``configured`` is ``federation.clients_per_round``. A method
+        with its own sampling rule (pFedHN: one client per round) overrides it."""
+        return configured
+
     def init_server(self, params: Params) -> ServerState:
         return {"params": params}
 

@@ -13,6 +13,7 @@ from pfl_core.algorithms.base import ClientContext
 from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
+from pfl_core.optim import sgd_momentum_step
 from pfl_core.training import Params, sgd_step
 
 
@@ -89,12 +90,9 @@ def momentum_sgd(loss_and_grads: Callable, params: Params, batches: dict, masks:
                 seen = tree_map(lambda v: v * mask[step].to(v.dtype), seen)
             observed = seen if observed is None else tree_map(torch.add, observed, seen)
         grads, loss = loss_and_grads(params, xs[step], ys[step])
-        with torch.no_grad():
-            if velocity is None:
-                velocity = {k: torch.zeros_like(g) for k, g in grads.items()}
-            direction = {k: g + hp.weight_decay * params[k] if hp.weight_decay else g for k, g in grads.items()}
-            new_velocity = {k: hp.momentum * velocity[k] + d for k, d in direction.items()}
-            new = {**params, **{k: params[k] - hp.lr * v for k, v in new_velocity.items()}}
+        if velocity is None:
+            velocity = {k: torch.zeros_like(g) for k, g in grads.items()}
+        new, new_velocity = sgd_momentum_step(params, grads, velocity, hp.lr, hp.momentum, hp.weight_decay)
         params, velocity = masked_update(mask, step, (new, new_velocity), (params, velocity))
         losses.append(loss)
     return params, masked_mean(losses, mask), observed
