@@ -107,3 +107,18 @@ def test_bad_analyses_are_rejected_naming_the_key(entry, key):
     config = cifar_config(analyses=[entry]).to_dict()
     with pytest.raises(SuiteError, match=r"evaluation\.analyses\[0\]"):
         validate_config(config, "suite.yaml: grid")
+
+
+@pytest.mark.parametrize("mode", ["none", "half", "pixel"])
+def test_to_pixels_undoes_the_datasets_normalisation(cifar_dir, mode):
+    from pfl_core.analysis.base import to_pixels
+    from pfl_core.data import load_dataset
+    from pfl_core.data.federated import standardize
+
+    raw = load_dataset("cifar10", data_dir=cifar_dir, split="train")
+    index = torch.arange(5)
+    pixels, _ = raw.batch(index)
+    normalised = standardize(raw, mode)
+    x, _ = normalised.batch(index)
+    assert (mode == "none") == torch.equal(x, pixels)
+    torch.testing.assert_close(to_pixels(normalised, x), pixels, rtol=1e-5, atol=1e-5)

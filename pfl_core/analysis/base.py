@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 
 from pfl_core.config import ConfigError
+from pfl_core.federation import make_contexts
 from pfl_core.registry import Registry, UnknownNameError
 
 ANALYSES: Registry = Registry("post-run analysis")
@@ -85,8 +87,6 @@ def run_analyses(analyses: list[Analysis], setup, result) -> AnalysisOutput:
 def evaluated_contexts(setup, result, purpose: str) -> dict:
     """A context per client the run's protocol evaluates, carrying the client's final state (as
     the protocol's own evaluation does), so ``algorithm.predictor`` gives the evaluated model."""
-    from pfl_core.federation import make_contexts
-
     ids = setup.protocol.client_ids(setup.fed)
     states = {cid: ctx.state for cid, ctx in result.contexts.items()}
     cfg = setup.cfg.federation
@@ -95,8 +95,6 @@ def evaluated_contexts(setup, result, purpose: str) -> dict:
 
 def to_pixels(dataset, x):
     """Undo the dataset's input normalisation (``ArrayDataset.batch``): model inputs -> pixels."""
-    import torch
-
     if dataset.mean is None:
         return x
     if isinstance(dataset.mean, torch.Tensor):
