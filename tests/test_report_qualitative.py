@@ -10,7 +10,7 @@ import pytest
 from pypdf import PdfReader
 
 from benchmarks.report import render_paper
-from benchmarks.reporting.qualitative import dlg_panels, tsne_map, tsne_panels
+from benchmarks.reporting.qualitative import dlg_panels, stored_metric, tsne_map, tsne_panels
 from benchmarks.runner import run_sweep
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker, read_npz_artifact
@@ -145,3 +145,16 @@ def test_dlg_panels_show_original_and_reconstruction_with_their_scores():
     titles = [ax.get_title() for ax in fig.axes]
     assert titles == ["FedAvg\noriginal", "reconstruction\nPSNR inf dB, SSIM 1.000"]
     np.testing.assert_allclose(fig.axes[0].images[0].get_array(), np.moveaxis(image, 0, -1))
+
+
+def test_an_infinite_psnr_reads_back_as_inf(tmp_path):
+    """MLflow stores inf as the largest float; the report shows it as inf again."""
+    from mlflow.entities import Metric
+
+    uri, art = store(tmp_path / "store")
+    tracker = Tracker(uri, art)
+    run = tracker.client.create_run(tracker.experiment_id("x/y")).info.run_id
+    tracker.client.log_batch(run, metrics=[Metric("dlg_psnr", math.inf, 0, 0), Metric("dlg_ssim", 1.0, 0, 0)])
+    logged = tracker.client.get_run(run).data.metrics
+    assert stored_metric(logged["dlg_psnr"]) == math.inf and stored_metric(logged["dlg_ssim"]) == 1.0
+    assert stored_metric(-logged["dlg_psnr"]) == -math.inf

@@ -15,6 +15,7 @@ Each cell shows its run of the lowest finished seed; the Markdown lists every se
 from __future__ import annotations
 
 import math
+import sys
 
 import matplotlib
 
@@ -36,6 +37,11 @@ QUALITATIVE_NOTE = ("Qualitative: the paper's figure prints no numbers, so there
                     "compare with; judge the panels by eye against the paper's figure.")
 
 
+def stored_metric(value: float) -> float:
+    """A metric as logged: MLflow stores +-inf (a perfect reconstruction's PSNR) as +-float max."""
+    return math.copysign(math.inf, value) if abs(value) >= sys.float_info.max else value
+
+
 def collect_panels(tracker: Tracker, runs: pd.DataFrame, kind: str) -> dict[str, dict]:
     """cell -> {seed, arrays (of the lowest finished seed), metrics: {seed: {name: value}}};
     cells whose runs logged no such artifact are left out."""
@@ -46,7 +52,7 @@ def collect_panels(tracker: Tracker, runs: pd.DataFrame, kind: str) -> dict[str,
         metrics, shown = {}, None
         for _, run in group.iterrows():
             logged = tracker.client.get_run(run["run_id"]).data.metrics
-            metrics[int(run["seed"])] = {n: logged.get(n, math.nan) for n in names}
+            metrics[int(run["seed"])] = {n: stored_metric(logged.get(n, math.nan)) for n in names}
             if shown is None:
                 arrays = read_npz_artifact(tracker.client, run["run_id"], artifact)
                 shown = None if arrays is None else (int(run["seed"]), arrays)
