@@ -84,7 +84,7 @@ def test_a_run_with_analyses_reports_their_metrics_and_arrays(cifar_dir):
     dlg = result.arrays["dlg"]
     assert dlg["original"].shape == dlg["reconstruction"].shape == (3, 32, 32)
     assert 0.0 <= dlg["original"].min() and dlg["original"].max() <= 1.0  # pixels
-    assert len(dlg["gradient_distance"]) == 2
+    assert len(dlg["gradient_distance"]) == 3  # the start and after each of the 2 steps
     proto = run_experiment(cifar_config(model="le_embedding", analyses=[
         {"name": "dlg", "target": "prototypes", "leakage": False, "iterations": 1, "max_iter": 2}]),
         device="cpu", data_dir=cifar_dir)

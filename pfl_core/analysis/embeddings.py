@@ -33,7 +33,7 @@ class Embeddings(Analysis):
     params_class = EmbeddingExport
 
     def run(self, setup, result) -> AnalysisOutput:
-        split = setup.protocol.cfg.split
+        split = getattr(setup.protocol.cfg, "split", "test")  # a protocol without a split setting: test
         contexts = evaluated_contexts(setup, result, "analysis-embeddings")
         pool = [(cid, i) for cid, ctx in contexts.items() if split in ctx.client.splits
                 for i in range(ctx.client.size(split))]

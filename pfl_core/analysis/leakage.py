@@ -17,7 +17,7 @@ The model attacked is the one the client receives (``algorithm.predictor``); wit
 are computed in pixel space (the dataset's normalisation undone) against the original.
 Logged: metrics ``dlg_psnr``, ``dlg_ssim``, ``dlg_gradient_distance`` (the final matched
 distance) and ``dlg.npz`` (``original``, ``reconstruction`` [C, H, W] pixels, ``gradient_distance``
-per L-BFGS step, ``label``).
+at the start and after each L-BFGS step, ``label``).
 """
 from __future__ import annotations
 

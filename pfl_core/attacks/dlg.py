@@ -70,7 +70,8 @@ class DLGResult:
     reconstruction: torch.Tensor
     """The dummy image after the attack, [1, C, H, W]."""
     gradient_distance: list[float] = field(default_factory=list)
-    """The matched distance after each L-BFGS step (NaN stops the attack early)."""
+    """The matched distance at the start and after each L-BFGS step (iterations + 1 values; a NaN
+    stops the attack early)."""
     dummies: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -105,11 +106,13 @@ def dlg_attack(target: GradientTarget, params: Params, cfg: DLGConfig = DLGConfi
 
     history = []
     for _ in range(cfg.iterations):
-        value = float(optimiser.step(closure).detach())
+        value = float(optimiser.step(closure).detach())  # the distance where this step started
         history.append(value)
         if value != value:  # NaN: L-BFGS cannot recover; keep the last image
             break
     done = {k: v.detach() for k, v in dummies.items()}
+    if history and history[-1] == history[-1]:
+        history.append(float(gradient_distance(parameter_gradient(target.loss, frozen, done), target.shared)))
     return DLGResult(done["image"], history, done)
 
 
