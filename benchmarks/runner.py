@@ -139,7 +139,7 @@ def _failure(started: float, err: BaseException) -> dict:
 def _outcome(started: float, result) -> dict:
     return {"started": started, "ended": time.time(), "metrics": result.metrics,
             "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
-            "curve_weighted": result.curve_weighted,
+            "curve_weighted": result.curve_weighted, "arrays": result.arrays,
             "info": {**result.info, "torch_threads": torch.get_num_threads(),
                      "deterministic": torch.are_deterministic_algorithms_enabled()}}
 

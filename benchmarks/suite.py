@@ -59,6 +59,7 @@ import yaml
 
 from benchmarks.code_reference import Checks, parse_code_reference
 from pfl_core.algorithms import METHODS
+from pfl_core.analysis import ANALYSIS_METRICS, parse_analyses
 from pfl_core.config import ConfigError, RunConfig, check_call_values, section_keys
 from pfl_core.data import DATASETS, PARTITIONERS
 from pfl_core.data.builder import check_sources
@@ -439,6 +440,7 @@ def validate_config(config: dict, where: str, origins: dict[str, str] | None = N
                                                             where=f"model.warm_start[{i}]: ")
         PROTOCOLS.get(cfg.evaluation.protocol)
         EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
+        parse_analyses(cfg.evaluation.analyses)
         partition = dict(cfg.data.partition)
         if "name" not in partition:
             raise ConfigError("data.partition needs a 'name'", "data.partition")
@@ -507,7 +509,7 @@ def _check_seeds(seeds: Any, where: str) -> None:
 
 
 #: the run metrics a suite's ``metric`` may name, as logged by :mod:`benchmarks.tracking`
-FINAL_METRICS = (*EVAL_KEYS, "train_loss", "wall_s", "stopped_round")
+FINAL_METRICS = (*EVAL_KEYS, "train_loss", "wall_s", "stopped_round", *ANALYSIS_METRICS)
 HISTORY_METRICS = tuple(f"round/{k}" for k in (*EVAL_KEYS, "train_loss"))
 CURVE_METRICS = ("curve/acc", "curve/acc_weighted")
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -304,9 +305,22 @@ class Tracker:
                 path = Path(tmp) / name
                 path.write_text(json.dumps(content, indent=1, default=str))
                 self.client.log_artifact(run_id, str(path))
+            for name, arrays in outcome.get("arrays", {}).items():  # post-run analyses (pfl_core.analysis)
+                path = Path(tmp) / f"{name}.npz"
+                np.savez_compressed(path, **arrays)
+                self.client.log_artifact(run_id, str(path))
 
 
 def read_json_artifact(client: MlflowClient, run_id: str, name: str):
     with tempfile.TemporaryDirectory() as tmp:
         return json.loads(Path(client.download_artifacts(run_id, name, tmp)).read_text())
+
+
+def read_npz_artifact(client: MlflowClient, run_id: str, name: str) -> dict | None:
+    """The arrays of a run's ``<name>.npz`` artifact (a post-run analysis), None if it has none."""
+    if not any(f.path == f"{name}.npz" for f in client.list_artifacts(run_id)):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        with np.load(client.download_artifacts(run_id, f"{name}.npz", tmp)) as data:
+            return {k: data[k] for k in data.files}
 

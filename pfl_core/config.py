@@ -160,6 +160,10 @@ class EvaluationConfig:
     validation clients, the seen protocol the ``val`` split; test clients and splits are never read."""
     params: dict = field(default_factory=dict)
     """Overrides of :class:`pfl_core.evaluation.EvalConfig`."""
+    analyses: list = field(default_factory=list)
+    """Post-run analyses of the final model (:mod:`pfl_core.analysis`), e.g. ``[{name: embeddings,
+    samples: 2000}]`` (MetaVers Figure 2's t-SNE) or ``[{name: dlg, target: prototypes, leakage:
+    true}]`` (Figure 3); each adds metrics and an ``.npz`` artifact to the run. Empty: none."""
 
 
 @dataclass

@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+import numpy as np
 import torch
 
 from pfl_core.algorithms import METHODS
+from pfl_core.analysis import parse_analyses, run_analyses
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset, load_sources
@@ -126,6 +128,8 @@ class RunResult:
     curve_mean: list[float] = field(default_factory=list)
     curve_weighted: list[float] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    """Post-run analyses' arrays by artifact name (logged as ``<name>.npz``)."""
 
 
 @dataclass
@@ -140,6 +144,8 @@ class RunSetup:
     algorithm: object
     protocol: object
     streams: RunStreams
+    analyses: list = field(default_factory=list)
+    """The post-run analyses of ``evaluation.analyses`` (:mod:`pfl_core.analysis`)."""
 
 
 def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) -> RunSetup:
@@ -190,7 +196,8 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         protocol.bind({role: replace(_cached_dataset(d.dataset, params, split, data_dir), mean=fed.dataset.mean,
                                      std=fed.dataset.std).to(dev)
                        for role, split in protocol.dataset_splits.items()})
-    return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams)
+    analyses = parse_analyses(cfg.evaluation.analyses)
+    return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams, analyses)
 
 
 def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
@@ -226,7 +233,10 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     }
     if setup.cfg.federation.early_stopping:
         info["early_stopped_at_round"] = fed_result.stopped_round
-    return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info)
+    analysed = run_analyses(setup.analyses, setup, fed_result)
+    metrics.update(analysed.metrics)
+    return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info,
+                     analysed.arrays)
 
 
 def run_experiment(

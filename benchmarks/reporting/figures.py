@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks.reporting import qualitative  # noqa: E402
 from benchmarks.reporting.stats import spread  # noqa: E402
 from benchmarks.reporting.table import SuiteReport, column_label  # noqa: E402
 
@@ -185,4 +186,6 @@ def suite_figures(report: SuiteReport) -> dict[str, object]:
         figures["figure"] = paper_curves(report)
     elif kind == "line":
         figures["figure"] = paper_line(report)
+    elif kind in qualitative.KINDS:
+        figures["figure"] = qualitative.qualitative_figure(report)
     return {k: v for k, v in figures.items() if v is not None}

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from benchmarks.reporting import extras, fidelity, summary  # noqa: E402
+from benchmarks.reporting import extras, fidelity, qualitative, summary  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
 
@@ -183,8 +183,13 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     if not doc.table_pages(title, [i for i in intro if i], header, rows, verdicts):
         doc.text_pages(f"{title}: verdicts and conclusions", verdicts)
     names = {"bars": "ours vs paper", "diff": "difference to the paper", "figure": "reproduced figure"}
+    if report.metric.figure in qualitative.KINDS:
+        names["figure"] = f"{qualitative.KINDS[report.metric.figure][2]} (qualitative)"
     for key, figure in figures.items():
         doc.figure_page(f"{title}: {names.get(key, key)}", figure)
+    figure_notes = qualitative.markdown_lines(report)
+    if figure_notes:
+        doc.text_pages(f"{title}: figure notes (qualitative)", [n for n in figure_notes if not n.startswith("![")])
     doc.text_pages(f"{title}: fidelity switches and deviations", fidelity_lines(report))
     doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from benchmarks.reporting import extras, fidelity
+from benchmarks.reporting import extras, fidelity, qualitative
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
@@ -34,6 +34,8 @@ class SuiteReport:
     expected_seeds: int
     offline: bool
     conclusions: list[Conclusion] = field(default_factory=list)
+    panels: dict = field(default_factory=dict)
+    """cell -> the arrays of a qualitative figure (``metric.figure`` tsne or dlg; :mod:`.qualitative`)."""
 
     @property
     def comparable(self) -> bool:
@@ -178,4 +180,6 @@ def build_suite_report(suite: Suite, tracker: Tracker, profile: str = "paper") -
     table = summarise(suite, runs, metric, expected, specs)
     report = SuiteReport(suite, metric, profile, runs, table, expected, offline)
     report.conclusions = conclusions(report.axes, report.method_axis, table)
+    if metric.figure in qualitative.KINDS and not runs.empty:
+        report.panels = qualitative.collect_panels(tracker, runs, metric.figure)
     return report

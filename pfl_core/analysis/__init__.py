@@ -1,0 +1,10 @@
+"""Post-run analyses of a finished run's model (``evaluation.analyses`` of a run configuration):
+each adds metrics and named arrays (logged as ``<name>.npz`` artifacts) to the run's result.
+
+* ``embeddings`` (:mod:`.embeddings`): test embeddings for the t-SNE of MetaVers Figure 2;
+* ``dlg`` (:mod:`.leakage`): the DLG reconstruction of one training image from the gradient the
+  client would share (MetaVers Figure 3).
+"""
+from pfl_core.analysis.base import (ANALYSES, ANALYSIS_METRICS, AnalysisOutput, parse_analyses,  # noqa: F401
+                                    run_analyses)
+from pfl_core.analysis import embeddings, leakage  # noqa: F401,E402  (registers them)
