@@ -218,6 +218,14 @@ def fedproto_space(trial, config: dict) -> dict[str, Any]:
             "method.params.ld": _log(trial, "method.params.ld", (1e-2, 10.0))}
 
 
+@space("metavers")
+def metavers_space(trial, config: dict) -> dict[str, Any]:
+    """MetaVers: the server Adam lr (log 1e-5..1e-1) and the loss mix gamma (0..1)."""
+    return {"method.params.lr": _log(trial, "method.params.lr", ADAM_LR),
+            "method.params.gamma": trial.suggest_float("method.params.gamma", 0.0, 1.0),
+            **_finetune_lr(trial, config)}
+
+
 def describe() -> dict[str, str]:
     """method -> the first line of its space's docstring (for ``pflbench tune --list-spaces``)."""
     return {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in sorted(SPACES.items())}
