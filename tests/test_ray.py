@@ -11,6 +11,7 @@ import optuna
 import pytest
 
 import benchmarks.runner as runner
+import benchmarks.worker as worker
 import benchmarks.tuning as tuning
 from benchmarks.cli import main
 from benchmarks.runner import (DEFAULT_THREADS, KILL_HOOK_ENV, ExecutorError, LocalExecutor, RayExecutor,
@@ -40,7 +41,7 @@ def parent_cannot_run(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("ran in the parent process")
 
-    monkeypatch.setattr(runner, "run_experiment", refuse)
+    monkeypatch.setattr(worker, "run_experiment", refuse)
 
 
 def by_hash(tracker, suite_key):
@@ -64,7 +65,7 @@ def test_demo_smoke_sweep_on_ray_resumes_and_logs_every_run_once(tmp_path, capsy
     def refuse(*_args, **_kwargs):
         raise AssertionError("ran in the parent process")
 
-    monkeypatch.setattr(runner, "run_experiment", refuse)
+    monkeypatch.setattr(worker, "run_experiment", refuse)
     assert main(args + ["--executor", "ray", "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     todo = len(specs) - len(local)

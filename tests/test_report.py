@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from pypdf import PdfReader
 
 import benchmarks.runner as runner
+import benchmarks.worker as worker
 from benchmarks.cli import main
 from benchmarks.report import render_paper, write_report
 from benchmarks.runner import run_sweep
@@ -102,7 +103,7 @@ def fill_hand_store(root, tracker):
 def reported(tmp_path_factory):
     """One store: the smoke sweep of the tiny suite (one run diverges) and the hand-made suites."""
     root = tmp_path_factory.mktemp("report")
-    real = runner.run_experiment
+    real = worker.run_experiment
 
     def one_fails(cfg, **kwargs):
         if (cfg.method.name, cfg.data.partition["name"], cfg.seed) == ("fedavg_ft", "iid", FAIL_SEED):
@@ -112,7 +113,7 @@ def reported(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.chdir(root)
-        mp.setattr(runner, "run_experiment", one_fails)
+        mp.setattr(worker, "run_experiment", one_fails)
         path = write_suite(root / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
         suite = load_suite(path)
         uri, art = store(root / "store")
@@ -487,20 +488,20 @@ def test_rerun_after_failure_replaces_the_failed_run(reported, tmp_path, suite_d
     suite = load_suite(write_suite(tmp_path / "rerun.yaml", renamed(suite_data, "rerun")))
     specs = suite.expand("smoke", only={"setting": ["iid"], "method": ["local"]})
     tracker = reported["tracker"]
-    real = runner.run_experiment
+    real = worker.run_experiment
 
     def seed1_fails(cfg, **kwargs):
         if cfg.seed == 1:
             raise DivergenceError("injected")
         return real(cfg, **kwargs)
 
-    monkeypatch.setattr(runner, "run_experiment", seed1_fails)
+    monkeypatch.setattr(worker, "run_experiment", seed1_fails)
     run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     _, _, before = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r1")
     row = row_of(before, "iid", "local")
     assert (row["n_seeds"], row["failed"], row["verdict"]) == (len(specs) - 1, 1, "partial")
 
-    monkeypatch.setattr(runner, "run_experiment", real)
+    monkeypatch.setattr(worker, "run_experiment", real)
     run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     _, _, after = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r2")
     row = row_of(after, "iid", "local")

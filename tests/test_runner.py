@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import benchmarks.runner as runner
+import benchmarks.worker as worker
 import pfl_core.experiment as experiment
 from benchmarks.runner import run_sweep
 from benchmarks.suite import load_suite
@@ -232,8 +233,8 @@ def test_any_crash_is_logged_failed(tmp_path, tiny_suite, monkeypatch):
             raise RuntimeError("boom in the core")
         return real(cfg, **kwargs)
 
-    real = runner.run_experiment
-    monkeypatch.setattr(runner, "run_experiment", boom)
+    real = worker.run_experiment
+    monkeypatch.setattr(worker, "run_experiment", boom)
     tracker = Tracker(*store(tmp_path / "store"))
     summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
     assert (summary.finished, summary.failed) == (1, 1)

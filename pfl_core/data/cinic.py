@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.datasets import ImageFolder
 
-from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, MeanStd, mean_std_of
+from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, MeanStd, _torchvision_datasets, mean_std_of
 from pfl_core.data.federated import ArrayDataset
 
 FOLDER = "CINIC-10"
@@ -27,7 +26,7 @@ def _read_split(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, list[st
     """(images (N, 32, 32, 3) uint8, labels, class names) of one split folder, in ImageFolder order."""
     folder = root / FOLDERS[split]
     try:
-        found = ImageFolder(str(folder))
+        found = _torchvision_datasets().ImageFolder(str(folder))
     except (FileNotFoundError, RuntimeError) as err:  # no folder / no class folder / no image
         raise DatasetNotFoundError(
             f"CINIC-10 {split!r} split not found under {root} (expected {folder}/<class>/*.png: "

@@ -17,7 +17,6 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 import torch
-from torchvision import datasets as tv
 
 from pfl_core.config import NonNegativeInt
 from pfl_core.data import offline
@@ -161,12 +160,21 @@ def _mnist_like(
     )
 
 
+def _torchvision_datasets():
+    """``torchvision.datasets``, imported on first use: torchvision's import (it loads
+    ``torch._dynamo`` through ``torchvision.ops``) costs seconds that a run on an offline dataset,
+    e.g. every run of ``make demo``, never needs."""
+    from torchvision import datasets
+
+    return datasets
+
+
 @DATASETS.register("mnist")
 def mnist(data_dir: Path, split: str, download: bool) -> ArrayDataset:
     """MNIST, uint8 (N, 1, 28, 28), 10 classes."""
     return _mnist_like(
         "mnist", "MNIST",
-        lambda train, dl: tv.MNIST(data_dir, train=train, download=dl),
+        lambda train, dl: _torchvision_datasets().MNIST(data_dir, train=train, download=dl),
         data_dir, split, download, data_dir / "MNIST" / "raw" / "train-images-idx3-ubyte",
     )
 
@@ -176,7 +184,7 @@ def fmnist(data_dir: Path, split: str, download: bool) -> ArrayDataset:
     """Fashion-MNIST, uint8 (N, 1, 28, 28), 10 classes."""
     return _mnist_like(
         "fmnist", "FashionMNIST",
-        lambda train, dl: tv.FashionMNIST(data_dir, train=train, download=dl),
+        lambda train, dl: _torchvision_datasets().FashionMNIST(data_dir, train=train, download=dl),
         data_dir, split, download, data_dir / "FashionMNIST" / "raw" / "train-images-idx3-ubyte",
     )
 
@@ -190,7 +198,7 @@ def emnist(data_dir: Path, split: str, download: bool, emnist_split: str = "bycl
     """
     return _mnist_like(
         "emnist", f"EMNIST-{emnist_split}",
-        lambda train, dl: tv.EMNIST(data_dir, split=emnist_split, train=train, download=dl),
+        lambda train, dl: _torchvision_datasets().EMNIST(data_dir, split=emnist_split, train=train, download=dl),
         data_dir, split, download,
         data_dir / "EMNIST" / "raw" / f"emnist-{emnist_split}-train-images-idx3-ubyte",
         stems=(f"emnist-{emnist_split}-train", f"emnist-{emnist_split}-test"), transpose=True,
@@ -276,7 +284,7 @@ def cifar10(data_dir: Path, split: str, download: bool, val_size: NonNegativeInt
     does (:func:`train_val_split` with ``val_seed``; MetaVers: 10000 and ``"${seed}"``), and the
     split ``val`` exists; 0 (default) keeps the whole training set as ``train``. ``mean_std``:
     see :data:`MeanStd` (MetaVers: ``metavers``)."""
-    return _cifar("cifar10", "CIFAR-10", tv.CIFAR10, "cifar-10-batches-py", data_dir, split, download,
+    return _cifar("cifar10", "CIFAR-10", _torchvision_datasets().CIFAR10, "cifar-10-batches-py", data_dir, split, download,
                   val_size, val_seed, mean_std)
 
 
@@ -285,7 +293,7 @@ def cifar100(data_dir: Path, split: str, download: bool, val_size: NonNegativeIn
              val_seed: NonNegativeInt = 0, mean_std: MeanStd = "none") -> ArrayDataset:
     """CIFAR-100 (fine labels), uint8 (N, 3, 32, 32), 100 classes; ``val_size``, ``val_seed``,
     ``mean_std`` as for :func:`cifar10`."""
-    return _cifar("cifar100", "CIFAR-100", tv.CIFAR100, "cifar-100-python", data_dir, split, download,
+    return _cifar("cifar100", "CIFAR-100", _torchvision_datasets().CIFAR100, "cifar-100-python", data_dir, split, download,
                   val_size, val_seed, mean_std)
 
 

@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision import datasets as tv
 
-from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, _open_splits
+from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, _open_splits, _torchvision_datasets
 from pfl_core.data.federated import ArrayDataset
 
 NOVEL_SPLITS = ("train", "val", "test", "all")
@@ -94,7 +93,7 @@ def cifar100_novel(data_dir: Path, split: str, download: bool, swap_hw: bool = T
     uint8 (N, 3, 32, 32), batches in [0, 255]. ``swap_hw`` (default True, the code's
     ``transpose(1, 3)`` of HWC images, MetaVers spec diff 15): images stored as (C, W, H); False
     stores them upright (C, H, W)."""
-    parts = _open_splits(lambda train, dl: tv.CIFAR100(data_dir, train=train, download=dl),
+    parts = _open_splits(lambda train, dl: _torchvision_datasets().CIFAR100(data_dir, train=train, download=dl),
                          "CIFAR-100", data_dir, "all", download, data_dir / "cifar-100-python")
     x = np.concatenate([p.data for p in parts])  # (60000, H, W, C), train then test
     y = np.concatenate([np.asarray(p.targets) for p in parts]).astype(np.int64)

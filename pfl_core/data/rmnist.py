@@ -37,7 +37,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.transforms.functional import InterpolationMode, rotate
 
 from pfl_core.config import NonNegativeInt, PositiveInt
 from pfl_core.data.datasets import DATASETS, mnist
@@ -55,6 +54,8 @@ def rotate_images(x: torch.Tensor, angle: float) -> torch.Tensor:
     positive = counter-clockwise, about the image centre."""
     if angle == 0:
         return x.clone()
+    from torchvision.transforms.functional import InterpolationMode, rotate  # lazy: see datasets.py
+
     return rotate(x, float(angle), interpolation=InterpolationMode.NEAREST, expand=False, fill=None)
 
 
