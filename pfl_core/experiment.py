@@ -192,10 +192,11 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
     protocol.seed = streams.seed_int("evaluation")
-    if hasattr(protocol, "bind"):  # novel_class: its own splits, preprocessed as the training data
+    if hasattr(protocol, "bind"):  # novel_class: splits not in data.pool_splits, preprocessed as the training data
+        params = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in d.params.items()))
         protocol.bind({role: replace(_cached_dataset(d.dataset, params, split, data_dir), mean=fed.dataset.mean,
                                      std=fed.dataset.std).to(dev)
-                       for role, split in protocol.dataset_splits.items()})
+                       for role, split in protocol.dataset_splits.items() if split not in d.pool_splits})
     analyses = parse_analyses(cfg.evaluation.analyses)
     return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams, analyses)
 

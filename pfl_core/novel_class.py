@@ -126,7 +126,12 @@ class NovelClassEval(Protocol):
         self.data = data
 
     def client_ids(self, fed: FederatedData) -> list[int]:
-        return []  # no client is evaluated: the global model meets new classes
+        """No client is evaluated (the global model meets new classes); a split loaded whole
+        beside the clients (``data.pool_splits``, ``FederatedData.pools``) serves its role."""
+        for role, split in self.dataset_splits.items():
+            if role not in self.data and split in fed.pools:
+                self.data[role] = fed.dataset.subset(fed.pools[split])
+        return []
 
     @torch.no_grad()
     def _embed(self, algorithm: Algorithm, params: Params, dataset: ArrayDataset) -> torch.Tensor:
