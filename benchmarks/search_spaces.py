@@ -226,6 +226,23 @@ def metavers_space(trial, config: dict) -> dict[str, Any]:
             **_finetune_lr(trial, config)}
 
 
+@space("pfedhn")
+def pfedhn_space(trial, config: dict) -> dict[str, Any]:
+    """pFedHN: the hypernetwork's lr and the client's inner lr (log 1e-4..1), inner steps (1..100)."""
+    return {"method.params.lr": _log(trial, "method.params.lr", SGD_LR),
+            "method.params.inner_lr": _log(trial, "method.params.inner_lr", SGD_LR),
+            "method.params.inner_steps": trial.suggest_int("method.params.inner_steps", 1, 100, log=True),
+            **_finetune_lr(trial, config)}
+
+
+@space("pfedgp")
+def pfedgp_space(trial, config: dict) -> dict[str, Any]:
+    """pFedGP: the backbone's lr (log 1e-4..1) and the kernel's outputscale (log 1..32)."""
+    return {"method.params.lr": _log(trial, "method.params.lr", SGD_LR),
+            "method.params.outputscale": _log(trial, "method.params.outputscale", (1.0, 32.0)),
+            **_finetune_lr(trial, config)}
+
+
 def describe() -> dict[str, str]:
     """method -> the first line of its space's docstring (for ``pflbench tune --list-spaces``)."""
     return {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in sorted(SPACES.items())}
