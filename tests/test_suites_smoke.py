@@ -247,9 +247,10 @@ def test_paper_grid_and_published_cells(key):
 
 
 def md_table(text: str, heading: str) -> list[dict[str, str]]:
-    """The first Markdown table after the ``### <heading>...`` line, as a list of row dicts."""
+    """The first Markdown table after the ``### <heading>...`` line (any heading level), as a list
+    of row dicts."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"### {heading}"))
+    start = next(i for i, line in enumerate(lines) if re.match(rf"#+ {re.escape(heading)}", line))
     header, rows = None, []
     for line in lines[start + 1:]:
         if line.startswith("#"):
