@@ -29,6 +29,7 @@ from benchmarks.tracking import Tracker
 from conftest import REPO_ROOT, store
 
 import fake_data
+from suite_names import unregistered
 
 SUITES_DIR = REPO_ROOT / "suites"
 ALL_SUITES = sorted(p.relative_to(SUITES_DIR).with_suffix("").as_posix() for p in SUITES_DIR.glob("*/*.yaml"))
@@ -52,6 +53,17 @@ SMOKE_ONLY: dict[str, list[dict[str, list[str]]]] = {
     "cgpfl/fig2": [{"method": ["CGPFL-K2"]}, {"setting": ["fmnist-mlr"], "method": ["Per-FedAvg-HF"]}],
     "cgpfl/fig3": [{"method": ["CGPFL-K4"]},
                    {"setting": ["mnist-mlr"], "method": ["CGPFL-K20", "CGPFL-Heur-mu10"]}],
+    # MetaVers: FedAvg (or the cheapest method) on every cell; every method and MetaVers' per-dataset
+    # settings (the CIFAR-100 500-client full-batch episodes included) in a few cells
+    "metavers/table2": [{"method": ["FedAvg"]}, {"clients": ["50"], "method": ["MetaVers"]},
+                        {"dataset": ["cifar100"], "clients": ["500"], "method": ["MetaVers"]},
+                        {"dataset": ["cifar10"], "clients": ["50"]}],
+    "metavers/table3": [{"method": ["FedAvg-Proto"]}, {"clients": ["50"]}],
+    "metavers/table4": [{"method": ["FedAvg", "FedBABU", "FedRep", "MetaVers"]}],
+    "metavers/table5": [{"method": ["Only-CE"]}, {"clients": ["50"]}],
+    "metavers/table6": [{"method": ["FedAvg", "MetaVers"]}],
+    "metavers/fig2": [{"method": ["Local", "Only-Triplet", "Only-CE", "MetaVers"]}],
+    "metavers/fig3": [{"dataset": ["cifar10"]}, {"dataset": ["cifar100"], "attack": ["FedAvg"]}],
 }
 #: suite -> reason, for smoke failures whose cause is in the source (xfail strict)
 KNOWN_FAILURES: dict[str, str] = {}
@@ -65,6 +77,12 @@ _LOADED: dict[str, object] = {}
 
 
 def suite_of(key: str):
+    """The loaded suite; a skip naming what is missing while the suite names a method, dataset,
+    model, protocol or config key this checkout does not register (the MetaVers suites name pieces
+    written in parallel, issue 13)."""
+    missing = unregistered(suite_path(key))
+    if missing:
+        pytest.skip(f"{key} names what is not registered here yet: {', '.join(missing)}")
     if key not in _LOADED:
         _LOADED[key] = load_suite(suite_path(key))
     return _LOADED[key]
@@ -204,6 +222,8 @@ def test_smoke_selection_covers_every_suite():
     cell value of every non-method axis is in some selected run."""
     assert set(SMOKE_ONLY) | {"cafeme/table1"} == set(ALL_SUITES)
     for key in SMOKE_ONLY:
+        if unregistered(suite_path(key)):
+            continue  # test_suite_smoke_runs_finish skips it, naming what is missing
         suite = suite_of(key)
         cells = [s.cell for s in smoke_specs(key)]
         for axis in suite.axes:
