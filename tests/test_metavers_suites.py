@@ -291,3 +291,31 @@ def test_table2_quick_keeps_local_and_lg_fedavg_meaningful():
         == (1200, 1000)
     assert paper["MetaVers"]["federation"]["early_stopping"] is True
     assert paper["pFedHN"]["method"]["params"].get("clients_per_round", 1) == 1
+
+
+# ------------------------------------------------------------------------------------------ make targets
+
+
+def make_dry_run(target: str) -> str:
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, "PROFILE=quick", "JOBS=2"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_make_reproduce_metavers_target_runs_its_suite_and_renders_the_report(name):
+    out = make_dry_run(f"reproduce-metavers-{name}")
+    assert re.findall(r"suites/metavers/\w+\.yaml", out) == [f"suites/metavers/{name}.yaml"]
+    assert "pflbench run $f --profile quick --jobs 2" in out and "--report" in out
+
+
+def test_make_reproduce_metavers_runs_every_metavers_suite():
+    out = make_dry_run("reproduce-metavers")
+    assert sorted(set(re.findall(r"suites/metavers/(\w+)\.yaml", out))) == sorted(NAMES)
+    assert "suites/cafeme" not in out and "suites/cgpfl" not in out
