@@ -106,6 +106,14 @@ def smoke_tracker(tmp_path_factory) -> Tracker:
     return Tracker(uri, artifacts)
 
 
+@pytest.fixture(scope="session")
+def metavers_data(smoke_data) -> dict:
+    """CIFAR-100, CINIC-10 and mini-ImageNet for the MetaVers smoke profiles, beside
+    :func:`smoke_data` (``fake_data.write_metavers``); the CIFAR-100 md5s. Requested only once a
+    MetaVers suite loads, i.e. once its datasets are registered."""
+    return fake_data.write_metavers(smoke_data[0])
+
+
 @pytest.fixture
 def data_env(smoke_data, tmp_path, monkeypatch):
     """The smoke data as $PFL_DATA_DIR (no download), CIFAR md5s patched for this test only,
@@ -232,8 +240,12 @@ def test_smoke_selection_covers_every_suite():
 
 
 @pytest.mark.parametrize("key", list(_smoke_params()))
-def test_suite_smoke_runs_finish(key, data_env, smoke_tracker):
+def test_suite_smoke_runs_finish(key, data_env, smoke_tracker, request, monkeypatch):
     suite = suite_of(key)
+    if suite.paper == "metavers":
+        from torchvision import datasets as tv
+
+        fake_data.patch_cifar_md5(tv.CIFAR100, request.getfixturevalue("metavers_data"), monkeypatch)
     specs = smoke_specs(key)
     assert specs and all(s.profile == "smoke" for s in specs)
     tracker = smoke_tracker
