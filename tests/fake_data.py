@@ -315,7 +315,7 @@ def write_all(root: Path) -> dict:
 
 
 #: sizes of the MetaVers smoke data (see :func:`write_metavers`)
-METAVERS_SIZES = {"cifar100_per_file": 2000, "cinic_per_class": 20, "mini_classes": {"train": 8, "val": 5, "test": 5},
+METAVERS_SIZES = {"cifar100_per_file": 2000, "cinic_per_class": 48, "mini_classes": {"train": 8, "val": 5, "test": 5},
                   "mini_per_class": 6}
 
 
@@ -326,7 +326,7 @@ def write_metavers(root: Path) -> dict:
       give 40 clients 10 classes each (4 clients per class, 2-4 train images of each); Table 6's
       ``cifar100_novel`` merges them (40 per class: 64 train classes in 8 shards, 16 validation and 20
       test classes for 5-way groups of 2 users);
-    * CINIC-10, 20 PNGs per class and split (40 clients of 4 classes: 16 clients per class);
+    * CINIC-10, 48 PNGs per class and split (40 clients of 4 classes: 16 clients per class, 2-4 images of each);
     * mini-ImageNet, learn2learn's cache pickles of 8 / 5 / 5 classes x 6 images at 84x84 (Table 6:
       8 shards of the train classes; 5-way validation and test groups of 2 users).
 
