@@ -25,6 +25,10 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``code_reference``: per cell, the per-seed values a re-run of the authors' released code gave,
   each naming a source whose provenance (repository, commit, local edits, rounds, data, machine,
   date) is data beside it (schema and checks in :mod:`benchmarks.code_reference`).
+* ``marks``: notes the report attaches to cells, each ``{when: {axis: label or [labels]}, mark: "‡",
+  text: "..."}`` (e.g. MetaVers' baseline cells whose hyperparameters come from the baseline's own
+  paper): the mark follows the cell's label in every table, the text is its legend line
+  (:meth:`Suite.marks`).
 * ``tuned``: which methods run with the values ``pflbench tune`` found instead of the paper's:
   ``{methods: [fedavg, ditto] | all, file: <name>.tuned.yml, profile: <profile>}`` (or just the
   list of methods). ``file`` (default ``<suite stem>.tuned.yml`` beside the suite; ``.yml`` so that
@@ -73,8 +77,9 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published", "tuned", "code_reference"}
+            "overrides", "seeds", "profiles", "published", "tuned", "code_reference", "marks"}
 OVERRIDE_KEYS = {"when", "set"}
+MARK_KEYS = {"when", "mark", "text"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
                "select_metric", "tolerance", "figure", "x_axis"}
@@ -328,9 +333,12 @@ class Suite:
     def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str,
                          origins: dict | None = None) -> None:
         for i, entry in enumerate(overrides or []):
-            if all(cell[axis] in ([str(v) for v in want] if isinstance(want, list) else [str(want)])
-                   for axis, want in entry["when"].items()):
+            if _matches(cell, entry["when"]):
                 _apply(config, entry.get("set"), f"{self.path}: {where}[{i}].set", origins)
+
+    def marks(self, cell: dict[str, str]) -> list[tuple[str, str]]:
+        """(mark, text) of every entry of the suite's ``marks`` whose ``when`` matches ``cell``."""
+        return [(str(m["mark"]), str(m["text"])) for m in self.raw.get("marks") or [] if _matches(cell, m["when"])]
 
     def _profile(self, profile: str) -> dict:
         if profile == "paper":
@@ -477,13 +485,34 @@ def _parse_axis(raw: Any, where: str) -> Axis:
     return Axis(str(raw["name"]), labels, settings)
 
 
-def _check_overrides(section: Any, axis_labels: dict[str, list[str]], where: str) -> None:
+def _matches(cell: dict[str, str], when: dict) -> bool:
+    """Whether ``cell`` has, on every axis of ``when``, the label (or one of the labels) named there."""
+    return all(cell[axis] in ([str(v) for v in want] if isinstance(want, list) else [str(want)])
+               for axis, want in when.items())
+
+
+def _check_marks(section: Any, axis_labels: dict[str, list[str]], where: str) -> None:
+    """``marks``: a list of ``{when, mark, text}``, the conditions naming grid labels, mark and text
+    non-empty strings."""
+    if section is None:
+        return
+    if not isinstance(section, list):
+        raise SuiteError(f"{where}: expected a list of {{when: ..., mark: ..., text: ...}}")
+    _check_overrides(section, axis_labels, where, MARK_KEYS)
+    for i, entry in enumerate(section):
+        for key in ("mark", "text"):
+            if not isinstance(entry[key], str) or not entry[key].strip():
+                raise SuiteError(f"{where}[{i}].{key}: expected a non-empty string, got {entry[key]!r}")
+
+
+def _check_overrides(section: Any, axis_labels: dict[str, list[str]], where: str,
+                     keys: set[str] = OVERRIDE_KEYS) -> None:
     if section is None:
         return
     if not isinstance(section, list):
         raise SuiteError(f"{where}: expected a list of {{when: ..., set: ...}}")
     for i, entry in enumerate(section):
-        _check_keys(entry, OVERRIDE_KEYS, f"{where}[{i}]", OVERRIDE_KEYS)
+        _check_keys(entry, keys, f"{where}[{i}]", keys)
         _check_keys(entry["when"], set(axis_labels), f"{where}[{i}].when")
         for axis, want in entry["when"].items():
             for label in want if isinstance(want, list) else [want]:
@@ -576,6 +605,7 @@ def load_suite(path: str | Path) -> Suite:
         override_sections.append((f"profiles.{name}.overrides", (prof or {}).get("overrides")))
     for where, section in override_sections:
         _check_overrides(section, axis_labels, f"{path}: {where}")
+    _check_marks(raw.get("marks"), axis_labels, f"{path}: marks")
     method_sections = [("methods", raw.get("methods"))] + [
         (f"profiles.{name}.methods", (prof or {}).get("methods"))
         for name, prof in (raw.get("profiles") or {}).items()]

@@ -363,3 +363,29 @@ def write_all(root: Path) -> dict:
     write_femnist(root, writers=s["femnist_writers"], per_writer=s["femnist_per_writer"])
     write_metadataset(root, classes=s["metadataset_classes"], per_class=s["metadataset_per_class"])
     return md5s
+
+
+#: sizes of the MetaVers smoke data (see :func:`write_metavers`)
+METAVERS_SIZES = {"cifar100_per_file": 2000, "cinic_per_class": 48, "mini_classes": {"train": 8, "val": 5, "test": 5},
+                  "mini_per_class": 6}
+
+
+def write_metavers(root: Path) -> dict:
+    """What the MetaVers suites' ``smoke`` profiles read beyond :func:`write_all`, in the real formats:
+
+    * CIFAR-100, 2,000 train / 2,000 test pickles (20 per class): Tables 2-4 cut 600 val images and
+      give 40 clients 10 classes each (4 clients per class, 2-4 train images of each); Table 6's
+      ``cifar100_novel`` merges them (40 per class: 64 train classes in 8 shards, 16 validation and 20
+      test classes for 5-way groups of 2 users);
+    * CINIC-10, 48 PNGs per class and split (40 clients of 4 classes: 16 clients per class, 2-4 images of each);
+    * mini-ImageNet, learn2learn's cache pickles of 8 / 5 / 5 classes x 6 images at 84x84 (Table 6:
+      8 shards of the train classes; 5-way validation and test groups of 2 users).
+
+    Returns the CIFAR-100 md5s (for :func:`patch_cifar_md5` on torchvision's ``CIFAR100``)."""
+    from torchvision import datasets as tv
+
+    s = METAVERS_SIZES
+    _, md5s = _write_cifar(root, tv.CIFAR100, s["cifar100_per_file"])
+    write_cinic10(root, per_class=s["cinic_per_class"])
+    write_miniimagenet(root, classes=s["mini_classes"], per_class=s["mini_per_class"])
+    return md5s

@@ -30,7 +30,7 @@ FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
                     "literal_mean", "literal_pm", "literal_step", "short_train_clients", "published_mean", "published_pm", "published_pm_kind", "published_runs", "published_sem",
                     "published_source", "diff", "bound", "rule", "verdict", "verdict_detail",
-                    "failure_reason", "switches", "tuned", "tuned_source", "code_mean", "code_pm", "code_sem",
+                    "failure_reason", "switches", "tuned", "tuned_source", "marks", "code_mean", "code_pm", "code_sem",
                     "code_seeds", "code_source", "code_diff", "code_bound", "code_rule", "code_verdict",
                     "code_verdict_detail", "label", "profile", "metric", "aggregate", "pm_kind", "ddof"]
 NOTICE = "Not comparable with the paper"

@@ -128,6 +128,7 @@ def summarise(suite: Suite, runs: pd.DataFrame, metric: MetricSpec, expected: in
             "tuned": key in tuned,
             "tuned_source": (f"study {tuned[key].get('study', '?')}, trial {tuned[key].get('trial', '?')}"
                              if key in tuned else ""),
+            "marks": " ".join(dict.fromkeys(mark for mark, _ in suite.marks(cell))),
             **code, "label": label(v, code_verdict),
         })
     return pd.DataFrame(rows)

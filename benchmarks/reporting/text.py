@@ -115,6 +115,8 @@ def table_rows(report: SuiteReport) -> tuple[list[str], list[list[str]]]:
         labels = [str(r[a]) for a in report.axes]
         if r.get("tuned"):
             labels[-1] += " †"
+        if r.get("marks"):
+            labels[-1] += f" {r['marks']}"
         rows.append(labels + [c.text(r) for c in columns])
     return header, rows
 
@@ -133,6 +135,19 @@ def tuned_legend(report: SuiteReport) -> list[str]:
         return []
     return ["- **†**: the cell ran with values found by `pflbench tune` (on validation data), not the "
             "paper's: " + "; ".join(f"{cell_name(report, r)} ({r['tuned_source']})" for _, r in tuned.iterrows())]
+
+
+def marks_legend(report: SuiteReport) -> list[str]:
+    """One line per mark of the suite's ``marks`` that some cell carries: the mark, its text and
+    how many cells carry it (e.g. MetaVers' baselines with their own paper's hyperparameters)."""
+    lines, seen = [], {}
+    for cell in report.suite.cells():
+        for mark, text in report.suite.marks(cell):
+            seen.setdefault((mark, text), 0)
+            seen[(mark, text)] += 1
+    for (mark, text), count in seen.items():
+        lines.append(f"- **{mark}**: {text} ({count} cell{'s' * (count != 1)})")
+    return lines
 
 
 def code_reference_legend(report: SuiteReport) -> list[str]:
@@ -154,7 +169,8 @@ def code_reference_legend(report: SuiteReport) -> list[str]:
 
 
 #: footnotes under the table, in order; each takes the report and returns Markdown lines
-LEGEND_PARTS: list[Callable[[SuiteReport], list[str]]] = [verdict_legend, code_reference_legend, tuned_legend]
+LEGEND_PARTS: list[Callable[[SuiteReport], list[str]]] = [verdict_legend, code_reference_legend, tuned_legend,
+                                                          marks_legend]
 
 
 def legend_lines(report: SuiteReport) -> list[str]:
@@ -253,7 +269,9 @@ def render_latex(report: SuiteReport) -> str:
     lines.append(" & ".join([tex(method or "")] + [sides_head] * len(groups)) + r" \\")
     lines.append(r"\midrule")
     for m in methods:
-        cells = [tex(m)]
+        rows = table[table[method] == m] if method else table
+        marks = " ".join(dict.fromkeys(k for value in rows.get("marks", []) for k in str(value).split()))
+        cells = [tex(m) + (f"\\textsuperscript{{{tex(marks)}}}" if marks else "")]
         for _, g in groups:
             row = g[g[method] == m].iloc[0] if method else g.iloc[0]
             ours = _tex_value(row["mean"], row["pm"], row["mean"] == _best(g["mean"]))
@@ -279,6 +297,8 @@ def render_latex(report: SuiteReport) -> str:
                     + r"), mean $\pm$ " + tex(report.metric.pm) + r" over its seeds; the mark after it "
                     r"compares ours with it by the same rule: $^{=}$ matches, $^{\uparrow}$/$^{\downarrow}$ "
                     r"ours above/below it.")
+    for line in marks_legend(report):
+        caption += " " + tex(line.removeprefix("- ").replace("**", "")) + "."
     if notice(report):
         caption += " " + tex(notice(report).replace("`", ""))
     lines += [f"\\caption{{{caption}}}", f"\\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', report.suite.key)}}}",
