@@ -58,7 +58,7 @@ browser: ## Install Chromium for the MLflow browser test when it is missing (apt
 		"tests/test_mlflow_browser.py skips without it"; fi
 
 test: $(STAMP) ## Run the whole test suite
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: $(STAMP) ## Run the tests not marked slow
 	$(BIN)/python -m pytest -q -m "not slow"
