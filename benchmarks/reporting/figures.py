@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.reporting import qualitative  # noqa: E402
+from benchmarks.reporting.grid import panel_grid  # noqa: E402
 from benchmarks.reporting.stats import spread  # noqa: E402
 from benchmarks.reporting.table import SuiteReport, column_label  # noqa: E402
 
@@ -28,12 +29,7 @@ def _err(values) -> np.ndarray:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.2):
-    ncols = min(n, 3)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows + 0.6), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
+    return panel_grid(n, width, height, max_cols=3, title_room=0.6)
 
 
 def grouped_bars(report: SuiteReport):

@@ -26,6 +26,7 @@ import pandas as pd  # noqa: E402
 from sklearn.manifold import TSNE  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from benchmarks.reporting.grid import panel_grid  # noqa: E402
 from benchmarks.tracking import Tracker, read_npz_artifact  # noqa: E402
 
 #: figure kind -> (the analysis artifact it reads, its run metrics, its title in the report)
@@ -61,15 +62,6 @@ def collect_panels(tracker: Tracker, runs: pd.DataFrame, kind: str) -> dict[str,
     return out
 
 
-def _grid(n: int, width: float, height: float):
-    ncols = min(n, 4)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows + 0.7), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
-
-
 def tsne_map(embeddings: np.ndarray, seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
     """scikit-learn's 2-D t-SNE (PCA initialisation); the perplexity is capped below the sample
     count, as TSNE requires. OpenMP runs one thread: with torch loaded, two OpenMP runtimes
@@ -87,7 +79,7 @@ def tsne_panels(panels: dict[str, tuple[np.ndarray, np.ndarray]], title: str = "
                 perplexity: float = 30.0):
     """The t-SNE figure: one panel per entry ``name -> (embeddings [n, d], labels [n])``, dots
     coloured by class, class centroids of the map as large outlined points."""
-    fig, axes = _grid(len(panels), 3.6, 3.4)
+    fig, axes = panel_grid(len(panels), 3.6, 3.4, max_cols=4, title_room=0.7)
     classes = sorted({int(c) for _, labels in panels.values() for c in np.asarray(labels)})
     colours = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
     for k, (ax, (name, (emb, labels))) in enumerate(zip(axes, panels.items())):
