@@ -5,7 +5,8 @@
 For every cell of the chosen profile (one seed), runs ``--rounds`` rounds and its evaluation on this
 machine, reports the mean seconds per round (the first round, which pays for warm-up, excluded when
 there are several) and the evaluation time, and projects the profile's total as
-``sum over runs of (rounds x s/round + evaluation)``. Nothing is logged to MLflow.
+``sum over runs of (rounds x s/round + evaluations x evaluation)``, one evaluation per
+``eval_every`` rounds plus the final one. Nothing is logged to MLflow.
 """
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def time_cell(config: dict, rounds: int, device: str, data_dir: str | None,
     return round_s, max(0.0, intervals[-1] - round_s)
 
 
+def projected_seconds(federation: dict, round_s: float, eval_s: float) -> float:
+    """One run's projection: rounds x s/round plus one evaluation per ``eval_every`` rounds (the
+    run's periodic evaluations, e.g. MetaVers' every 50) and the final one."""
+    rounds, every = federation["rounds"], federation.get("eval_every", 0) or 0
+    evaluations = 1 + (rounds // every if every else 0)
+    return rounds * round_s + evaluations * eval_s
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite")
@@ -63,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         per_cell[spec.cell_id] = time_cell(spec.config, args.rounds, args.device, args.data_dir, args.execution)
         round_s, eval_s = per_cell[spec.cell_id]
         print(f"{spec.cell_id:55s} {round_s:8.3f} {eval_s:8.1f}", flush=True)
-    total = sum(s.config["federation"]["rounds"] * per_cell[s.cell_id][0] + per_cell[s.cell_id][1]
-                for s in specs)
+    total = sum(projected_seconds(s.config["federation"], *per_cell[s.cell_id]) for s in specs)
     print(f"projected wall-clock of {len(specs)} runs ({args.profile} profile, one process, "
           f"torch threads {torch.get_num_threads()}, execution {args.execution}): {total / 3600:.1f} h")
     return 0
