@@ -134,3 +134,28 @@ def test_state_keeps_only_running_statistics_and_loads_them_into_batchnorm():
     assert _equal(dict(fresh.named_parameters()), server["params"])
     with pytest.raises(ValueError, match="parameters differ"):
         load_into(nn.Sequential(nn.Linear(3, 4)), state)
+
+
+def test_a_kld_bn_resnet_state_round_trips_into_load_pretrained():
+    """The contract between stage 1 and stage 2: a BN-aware stage 1 keeps its running statistics
+    in ``server["buffers"]`` (``forward_bn``); its state gives KLD-BN's mu_pt / sigma2_pt, and a
+    stage-2 ResNet loaded with it holds the stage-1 parameters and statistics."""
+    from pfl_core.models import build_model
+    from pfl_core.models.kld_bn import bn_mode, bn_names, forward_bn, load_pretrained, model_buffers
+
+    torch.manual_seed(0)
+    model = build_model("resnet18_cifar", (3, 32, 32), 10, width=4)
+    params = {k: v.detach() + 0.01 for k, v in model.named_parameters()}
+    with bn_mode(model, "train"):
+        _, buffers = forward_bn(model, params, model_buffers(model), torch.randn(4, 3, 32, 32))
+    state = final_state(model, {"params": params, "buffers": buffers})
+    names = bn_names(model)
+    assert sorted(state["buffers"]) == sorted(f"{n}.{k}" for n in names for k in ("running_mean", "running_var"))
+    _, client = load_pretrained(model, state, "reset")
+    first = names[0]
+    assert torch.equal(client[f"{first}.init_running_mean"], buffers[f"{first}.running_mean"])
+    assert not torch.equal(buffers[f"{first}.running_mean"], torch.zeros_like(buffers[f"{first}.running_mean"]))
+    stage2 = build_model("resnet18_cifar", (3, 32, 32), 10, width=4)
+    load_into(stage2, state)
+    assert _equal(dict(stage2.named_parameters()), params)
+    assert torch.equal(dict(stage2.named_buffers())[f"{first}.running_var"], buffers[f"{first}.running_var"])

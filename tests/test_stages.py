@@ -202,3 +202,37 @@ def test_worker_processes_train_each_distinct_stage1_once(tmp_path):
     by_hash = {r.data.tags["config_hash"]: r.info.run_id for r in runs}
     for run in tracker.runs(suite.key, "FINISHED"):
         assert run.data.tags["pretrained.run_id"] == by_hash[run.data.tags["pretrained.config_hash"]]
+
+
+def test_round_timing_counts_each_distinct_stage1_once(tmp_path, monkeypatch, capsys):
+    import benchmarks.round_timing as timing
+
+    suite = write(tmp_path, "timed", ALPHA_AXIS)  # 2 x 2 cells, 2 seeds, 2 distinct stage 1s
+    timed = []
+
+    def fake_time_cell(config, rounds, device, data_dir, execution="auto"):
+        timed.append(config)
+        return 360.0, 0.0  # 6 minutes a round, free evaluations
+
+    monkeypatch.setattr(timing, "time_cell", fake_time_cell)
+    assert timing.main([str(suite.path), "--rounds", "3", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert len(timed) == 4 + 2 and sorted(c["seed"] for c in timed[4:]) == [7, 8]
+    # stage 2: 4 fedavg runs x 1 round; stage 1: 2 distinct x 3 rounds (not 8 x 3): 3600 s
+    assert "projected wall-clock of 8 runs (paper profile" in out and ": 1.0 h" in out
+    assert "2 distinct pretraining run(s)" in out
+
+
+def test_round_timing_never_trains_a_stage1_inside_a_stage2_cell(tmp_path, monkeypatch, capsys):
+    import pfl_core.pretrained as pretrained
+
+    def no_training(self, stage1):
+        raise AssertionError("a stage-2 timing trained its stage 1")
+
+    monkeypatch.setattr(pretrained.InProcessPretraining, "__call__", no_training)
+    from benchmarks.round_timing import main
+
+    suite = write(tmp_path)
+    assert main([str(suite.path), "--only", "method=fedavg", "--rounds", "3", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "method=fedavg " in out and "pretrain " in out
