@@ -236,3 +236,15 @@ def test_round_timing_never_trains_a_stage1_inside_a_stage2_cell(tmp_path, monke
     assert main([str(suite.path), "--only", "method=fedavg", "--rounds", "3", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "method=fedavg " in out and "pretrain " in out
+
+
+def test_the_report_names_the_stage1_a_cell_starts_from(tmp_path):
+    from benchmarks.reporting.fidelity import switches
+
+    spec = write(tmp_path).expand("paper")[0]
+    wanted = stage1_hash(spec.config)
+    assert f"model.pretrained=fedavg on digits28, seed 7, 3 rounds (stage 1 {wanted})" in switches(spec.config)
+    imagenet = {**spec.config, "model": {**spec.config["model"], "pretrained": {"source": "imagenet"}}}
+    assert "model.pretrained=imagenet" in switches(imagenet)
+    plain = {**spec.config, "model": {"name": "mlr", "params": {}, "warm_start": [], "pretrained": {}}}
+    assert not any("pretrained" in s for s in switches(plain))
