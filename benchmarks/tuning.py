@@ -65,7 +65,6 @@ import yaml
 from benchmarks.search_spaces import get_space
 from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
-from pfl_core.pretrained import InProcessPretraining
 
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
@@ -239,6 +238,8 @@ class Objective:
         self.metric = objective_key(suite)
         self.rounds = self.specs[0].config["federation"]["rounds"]
         _, self.notes = tuning_config(self.specs[0].config, opts)
+        from pfl_core.experiment import InProcessPretraining  # imported late, as in __call__
+
         #: a stage-1 ``model.pretrained`` is trained once per study process, not once per trial
         self.pretrained = InProcessPretraining(opts.device, opts.data_dir)
 

@@ -28,7 +28,7 @@ from pfl_core.evaluation import EvalConfig
 from pfl_core.protocols import PROTOCOLS
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
-from pfl_core.pretrained import InProcessPretraining, PretrainedState, Provider, final_state, resolve
+from pfl_core.pretrained import PretrainedState, Provider, final_state, resolve
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
 
@@ -270,7 +270,7 @@ def run_experiment(
     program runs sequentially either way; ``info["execution"]`` records the path taken and why.
     ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it.
     ``pretrained`` provides the stage-1 state of ``model.pretrained`` (:mod:`pfl_core.pretrained`;
-    default: stage 1 runs here first, :class:`~pfl_core.pretrained.InProcessPretraining`)."""
+    default: stage 1 runs here first, :class:`InProcessPretraining`)."""
     return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing, pretrained)[0]
 
 
@@ -312,6 +312,21 @@ def run_experiments(
     if start:
         info["resumed_from_round"] = start
     return [run_result(s, r, info) for s, r in zip(setups, results)]
+
+
+class InProcessPretraining:
+    """The default provider: runs each distinct stage-1 configuration here, once, with the
+    stage-2 run's device, data folder and execution path, and keeps its state."""
+
+    def __init__(self, device: str = "auto", data_dir: str | None = None, execution: str = "auto"):
+        self.device, self.data_dir, self.execution = device, data_dir, execution
+        self.states: dict[str, PretrainedState] = {}
+
+    def __call__(self, stage1: RunConfig) -> PretrainedState:
+        key = json.dumps(stage1.to_dict(), sort_keys=True, default=str)
+        if key not in self.states:
+            self.states[key] = run_experiment(stage1, self.device, self.data_dir, execution=self.execution).final_state
+        return self.states[key]
 
 
 def _check_lockstep(cfgs: list[RunConfig]) -> None:

@@ -9,8 +9,9 @@ the running statistics into mu_pt / sigma2_pt with ``pfl_core.models.kld_bn.load
 
 Providers:
 
-* :class:`InProcessPretraining` (the default of :func:`pfl_core.experiment.run_experiment`): runs
-  stage 1 here, once per distinct stage-1 configuration for the provider's lifetime.
+* :class:`pfl_core.experiment.InProcessPretraining` (the default of
+  :func:`pfl_core.experiment.run_experiment`): runs stage 1 here, once per distinct stage-1
+  configuration for the provider's lifetime.
 * the harness's (:mod:`benchmarks.stages`): the state of the stage-1 MLflow run with the same
   config hash, trained once per sweep before any stage-2 run starts.
 * :func:`untrained`: the stage-2 model's own initialisation stands in (timing projections).
@@ -20,7 +21,6 @@ weights (``model.params.weights: imagenet``) and its own state is the pretrained
 """
 from __future__ import annotations
 
-import json
 from typing import Callable, Mapping
 
 import torch
@@ -87,23 +87,6 @@ def untrained(stage1: RunConfig) -> None:
     """A provider that trains nothing: the stage-2 model's own initialisation stands in (for a
     timing projection, which needs the cost of stage 2, not its accuracy)."""
     return None
-
-
-class InProcessPretraining:
-    """The default provider: runs each distinct stage-1 configuration here, once, with the
-    stage-2 run's device, data folder and execution path, and keeps its state."""
-
-    def __init__(self, device: str = "auto", data_dir: str | None = None, execution: str = "auto"):
-        self.device, self.data_dir, self.execution = device, data_dir, execution
-        self.states: dict[str, PretrainedState] = {}
-
-    def __call__(self, stage1: RunConfig) -> PretrainedState:
-        key = json.dumps(stage1.to_dict(), sort_keys=True, default=str)
-        if key not in self.states:
-            from pfl_core.experiment import run_experiment  # the experiment imports this module
-
-            self.states[key] = run_experiment(stage1, self.device, self.data_dir, execution=self.execution).final_state
-        return self.states[key]
 
 
 def resolve(cfg: RunConfig, model: nn.Module, provider: Provider) -> tuple[PretrainedState | None, dict]:

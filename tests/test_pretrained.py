@@ -6,8 +6,8 @@ from torch import nn
 
 from pfl_core.algorithms import METHODS
 from pfl_core.config import ConfigError, RunConfig
-from pfl_core.experiment import run_experiment, run_experiments
-from pfl_core.pretrained import InProcessPretraining, final_state, load_into, state_of, untrained
+from pfl_core.experiment import InProcessPretraining, run_experiment, run_experiments
+from pfl_core.pretrained import final_state, load_into, state_of, untrained
 from tests.helpers import one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")

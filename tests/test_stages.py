@@ -224,12 +224,12 @@ def test_round_timing_counts_each_distinct_stage1_once(tmp_path, monkeypatch, ca
 
 
 def test_round_timing_never_trains_a_stage1_inside_a_stage2_cell(tmp_path, monkeypatch, capsys):
-    import pfl_core.pretrained as pretrained
+    import pfl_core.experiment as experiment
 
     def no_training(self, stage1):
         raise AssertionError("a stage-2 timing trained its stage 1")
 
-    monkeypatch.setattr(pretrained.InProcessPretraining, "__call__", no_training)
+    monkeypatch.setattr(experiment.InProcessPretraining, "__call__", no_training)
     from benchmarks.round_timing import main
 
     suite = write(tmp_path)
