@@ -248,3 +248,56 @@ def test_the_report_names_the_stage1_a_cell_starts_from(tmp_path):
     assert "model.pretrained=imagenet" in switches(imagenet)
     plain = {**spec.config, "model": {"name": "mlr", "params": {}, "warm_start": [], "pretrained": {}}}
     assert not any("pretrained" in s for s in switches(plain))
+
+
+class RemoteLike(LocalExecutor):
+    """An in-process executor that says its workers may be on other machines (as Ray's)."""
+
+    remote = True
+
+
+def test_remote_workers_get_the_state_itself_not_a_local_path(tmp_path):
+    from benchmarks.stages import resolve_stage1
+    from benchmarks.worker import WorkerArgs
+
+    tracker = Tracker(*store(tmp_path / "store"))
+    specs = write(tmp_path).expand("paper")
+    args = WorkerArgs("cpu", None, 1, False, "auto", None, False)
+    resolution = resolve_stage1(specs, tracker, RemoteLike(), tmp_path / "states", args, {"paper": "tiny"},
+                                FAKE_GIT, "test", {}, echo=quiet)
+    (stored,) = resolution.provider.states.values()
+    assert stored.path is None and set(stored.state["params"]) == {"1.weight", "1.bias"}
+    stage1 = RunConfig.from_dict(specs[0].config["model"]["pretrained"])
+    assert resolution.provider(stage1) is stored.state
+    assert resolution.provider.provenance(stage1)["run_id"] == stored.run_id
+    with pytest.raises(RuntimeError, match="was not resolved"):
+        resolution.provider(RunConfig.from_dict({**stage1.to_dict(), "seed": 99}))
+
+
+def test_two_runners_on_one_store_train_the_shared_stage1_once(tmp_path):
+    """Two sweeps of the same suite at once (threads, each with its own store client): one stage-1
+    run; the other runner waits for it; every run of the suite finishes once."""
+    import threading
+
+    uri, art = store(tmp_path / "store")
+    suite = write(tmp_path)
+    Tracker(uri, art)  # create the store once
+    summaries, errors = [], []
+
+    def one_runner():
+        try:
+            summaries.append(run_sweep(suite, suite.expand("paper"), Tracker(uri, art), device="cpu", echo=quiet))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one_runner) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    tracker = Tracker(uri, art)
+    assert len(pretraining_runs(tracker, "FINISHED")) == 1 and len(pretraining_runs(tracker)) == 1
+    assert sum(s.pretrained_trained for s in summaries) == 1
+    assert sum(s.finished for s in summaries) == 4
+    assert len(tracker.runs(suite.key, "FINISHED")) == 4
