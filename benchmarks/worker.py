@@ -96,6 +96,9 @@ def _failure(started: float, err: BaseException) -> dict:
 
 def _outcome(started: float, result, spec: RunSpec) -> dict:
     """A run's picklable outcome; a stage-1 run's (``spec.stage``) carries its final state on the CPU."""
+    if spec.stage and result.final_state is None:
+        return {"started": started, "ended": time.time(), "error": f"method {spec.method} keeps no global model "
+                f"(server 'params'), so it cannot be the stage 1 of model.pretrained; pretrain with e.g. fedavg"}
     state = to_device(result.final_state, "cpu") if spec.stage else None
     return {"started": started, "state": state, "ended": time.time(), "metrics": result.metrics,
             "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,

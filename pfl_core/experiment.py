@@ -133,7 +133,8 @@ class RunResult:
     """Post-run analyses' arrays by artifact name (logged as ``<name>.npz``)."""
     final_state: PretrainedState | None = None
     """The final global parameters and BN running statistics (:func:`pfl_core.pretrained.final_state`):
-    what a stage-2 run starts from when this run is its stage 1."""
+    what a stage-2 run starts from when this run is its stage 1; None for a method whose server
+    keeps no global ``params`` (pFedHN's hypernetwork), which cannot be a stage 1."""
 
 
 @dataclass
@@ -214,7 +215,7 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
 
 def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     """Metrics, history, per-client results and provenance of a finished run."""
-    final, fed = fed_result.final, setup.fed
+    final, fed, server = fed_result.final, setup.fed, fed_result.server
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
@@ -250,7 +251,7 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     analysed = run_analyses(setup.analyses, setup, fed_result)
     metrics.update(analysed.metrics)
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info,
-                     analysed.arrays, final_state(setup.model, fed_result.server))
+                     analysed.arrays, final_state(setup.model, server) if "params" in server else None)
 
 
 def run_experiment(

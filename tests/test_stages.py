@@ -301,3 +301,14 @@ def test_two_runners_on_one_store_train_the_shared_stage1_once(tmp_path):
     assert sum(s.pretrained_trained for s in summaries) == 1
     assert sum(s.finished for s in summaries) == 4
     assert len(tracker.runs(suite.key, "FINISHED")) == 4
+
+
+def test_a_method_without_a_global_model_cannot_be_a_stage1(tmp_path):
+    from benchmarks.stages import stage1_specs
+    from pfl_core.experiment import RunResult
+
+    (spec,) = stage1_specs(write(tmp_path).expand("paper"))
+    assert spec.stage == "pretrain" and spec.cell == {"stage": "pretrain", "method": "fedavg", "dataset": "digits28"}
+    hypernetwork_only = RunResult({"acc": 0.5}, [], [], final_state=None)  # pFedHN's server: no "params"
+    outcome = worker._outcome(0.0, hypernetwork_only, spec)
+    assert "cannot be the stage 1" in outcome["error"] and "state" not in outcome
