@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks import mlflow_ui as ui
-from benchmarks.claims import LEASE_S, ClaimBook
+from benchmarks.claims import LEASE_S, Claim, ClaimBook
 from benchmarks.stored_pretrained import StoredPretraining, StoredState, _load
 from benchmarks.suite import RunSpec, stage1_hash
 from benchmarks.tracking import STATE_DIR, STATE_FILE, Tracker
@@ -176,10 +176,12 @@ def _train(pending: list[RunSpec], tracker: Tracker, executor, claims: ClaimBook
 
 
 def _claimed_elsewhere(tracker: Tracker, spec: RunSpec) -> bool:
-    """Whether another runner's claim of this stage 1 is RUNNING."""
+    """Whether another runner holds a live claim of this stage 1 (a dead runner's claim is not)."""
     exp = tracker.experiment_id(PRETRAIN_EXPERIMENT)
-    return bool(tracker.client.search_runs(
-        [exp], f"tags.config_hash = '{spec.config_hash}' and attributes.status = 'RUNNING'", max_results=1))
+    running = tracker.client.search_runs(
+        [exp], f"tags.config_hash = '{spec.config_hash}' and attributes.status = 'RUNNING'", max_results=100)
+    now = time.time()
+    return any(Claim.of(run).live(now) for run in running)
 
 
 def sweep_tags(suite_key: str, parent: str | None) -> dict[str, str]:

@@ -312,3 +312,41 @@ def test_a_method_without_a_global_model_cannot_be_a_stage1(tmp_path):
     hypernetwork_only = RunResult({"acc": 0.5}, [], [], final_state=None)  # pFedHN's server: no "params"
     outcome = worker._outcome(0.0, hypernetwork_only, spec)
     assert "cannot be the stage 1" in outcome["error"] and "state" not in outcome
+
+
+def test_a_runner_that_loses_the_stage1_claim_waits_for_the_winners_state(tmp_path):
+    """Another runner holds a live claim of the stage 1: this one trains nothing, waits, and uses
+    the state the other logs (then marks FINISHED)."""
+    import threading
+    import time
+
+    from torch import nn
+
+    from benchmarks.claims import LEASE, OWNER, STATE, TICKET, this_owner
+    from benchmarks.stages import resolve_stage1
+    from benchmarks.worker import WorkerArgs
+    from pfl_core.pretrained import state_of
+
+    tracker = Tracker(*store(tmp_path / "store"))
+    specs = write(tmp_path).expand("paper")
+    wanted = stage1_hash(specs[0].config)
+    exp = tracker.experiment_id(PRETRAIN_EXPERIMENT)
+    other = tracker.client.create_run(exp, tags={"config_hash": wanted, OWNER: this_owner(), STATE: "chosen",
+                                                 LEASE: repr(time.time() + 600), TICKET: "1"}).info.run_id
+    found = {}
+    args = WorkerArgs("cpu", None, 1, False, "auto", None, False)
+    waiter = threading.Thread(target=lambda: found.update(resolution=resolve_stage1(
+        specs, tracker, LocalExecutor(), tmp_path / "states", args, {"paper": "tiny"}, FAKE_GIT, "test", {},
+        echo=quiet)))
+    waiter.start()
+    time.sleep(3.0)
+    assert waiter.is_alive()  # waiting for the other runner
+    path = tmp_path / "state.pt"
+    torch.save(state_of(nn.Sequential(nn.Flatten(), nn.Linear(784, 10))), path)
+    tracker.client.log_artifact(other, str(path), "pretrained")
+    tracker.client.set_terminated(other, "FINISHED")
+    waiter.join(timeout=60)
+    resolution = found["resolution"]
+    assert (resolution.trained, resolution.reused) == (0, 1)
+    assert resolution.provider.states[wanted].run_id == other
+    assert [r.info.run_id for r in pretraining_runs(tracker)] == [other]  # the loser's claim run is gone
