@@ -7,6 +7,11 @@ machine, reports the mean seconds per round (the first round, which pays for war
 there are several) and the evaluation time, and projects the profile's total as
 ``sum over runs of (rounds x s/round + evaluations x evaluation)``, one evaluation per
 ``eval_every`` rounds plus the final one. Nothing is logged to MLflow.
+
+A suite whose runs start from a stage-1 ``model.pretrained`` (FedL2P) also pays for its stage 1s:
+each distinct stage-1 configuration (by config hash) is timed and counted once, as the runner
+trains it once (:mod:`benchmarks.stages`); the stage-2 cells are timed from their model's own
+initialisation (:func:`pfl_core.pretrained.untrained`: the cost, not the accuracy, matters here).
 """
 from __future__ import annotations
 
@@ -16,9 +21,10 @@ import time
 
 import torch
 
-from benchmarks.suite import load_suite, parse_only
+from benchmarks.suite import load_suite, parse_only, stage1_hash
 from pfl_core.config import RunConfig
 from pfl_core.experiment import EXECUTION_CHOICES, run_experiment
+from pfl_core.pretrained import untrained
 
 
 def time_cell(config: dict, rounds: int, device: str, data_dir: str | None,
@@ -34,7 +40,7 @@ def time_cell(config: dict, rounds: int, device: str, data_dir: str | None,
     cfg["federation"]["eval_every"] = 0
     stamps: list[float] = []
     run_experiment(RunConfig.from_dict(cfg), device=device, data_dir=data_dir, execution=execution,
-                   on_round=lambda i, m: stamps.append(time.perf_counter()))
+                   on_round=lambda i, m: stamps.append(time.perf_counter()), pretrained=untrained)
     intervals = [b - a for a, b in zip(stamps[:-1], stamps[1:])]
     round_s = sum(intervals[:-1]) / len(intervals[:-1])
     return round_s, max(0.0, intervals[-1] - round_s)
@@ -46,6 +52,11 @@ def projected_seconds(federation: dict, round_s: float, eval_s: float) -> float:
     rounds, every = federation["rounds"], federation.get("eval_every", 0) or 0
     evaluations = 1 + (rounds // every if every else 0)
     return rounds * round_s + evaluations * eval_s
+
+
+def stage1_configs(specs) -> dict[str, dict]:
+    """The distinct stage-1 configurations of ``specs`` by config hash (each trained once)."""
+    return {stage1_hash(s.config): s.config["model"]["pretrained"] for s in specs if stage1_hash(s.config)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         round_s, eval_s = per_cell[spec.cell_id]
         print(f"{spec.cell_id:55s} {round_s:8.3f} {eval_s:8.1f}", flush=True)
     total = sum(projected_seconds(s.config["federation"], *per_cell[s.cell_id]) for s in specs)
+    stage1 = stage1_configs(specs)
+    for wanted, config in stage1.items():  # each distinct stage 1 once, however many runs share it
+        round_s, eval_s = time_cell(config, args.rounds, args.device, args.data_dir, args.execution)
+        print(f"{'pretrain ' + wanted:55s} {round_s:8.3f} {eval_s:8.1f}", flush=True)
+        total += projected_seconds(config["federation"], round_s, eval_s)
+    if stage1:
+        print(f"(stage 1: {len(stage1)} distinct pretraining run(s), each counted once)")
     print(f"projected wall-clock of {len(specs)} runs ({args.profile} profile, one process, "
           f"torch threads {torch.get_num_threads()}, execution {args.execution}): {total / 3600:.1f} h")
     return 0

@@ -28,6 +28,8 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -41,7 +43,8 @@ from benchmarks.suite import RunSpec, Suite, SuiteError
 from benchmarks.claims import LEASE_S, ClaimBook
 from benchmarks.lifecycle import Interrupted, signals_interrupt, worker_init
 from benchmarks.tracking import Tracker, command_line, git_state
-from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, execute_specs
+from benchmarks.stages import Resolution, resolve_stage1, sweep_tags
+from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, WorkerArgs, execute_specs
 
 __all__ = ["DEFAULT_THREADS", "KILL_HOOK_ENV", "CheckpointPlan", "execute_specs", "run_sweep"]
 
@@ -56,6 +59,11 @@ class SweepSummary:
     """Runs another runner claimed (or finished) while this sweep ran: left to it."""
     parent_run_id: str | None = None
     """The sweep's parent MLflow run (:meth:`benchmarks.tracking.Tracker.start_sweep`)."""
+    pretrained_reused: int = 0
+    """Distinct stage-1 models the pending runs needed that the store held (:mod:`benchmarks.stages`)."""
+    pretrained_trained: int = 0
+    """Distinct stage-1 models this sweep trained (each once) before its runs."""
+    pretrained_failed: int = 0
 
 
 class ExecutorError(SuiteError):
@@ -352,7 +360,11 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     :class:`SweepInterrupted` after the workers are killed and the claimed runs marked KILLED.
     ``checkpoint_every`` N > 0 saves each run's state every N rounds under ``checkpoint_dir``
     (default :func:`default_checkpoint_dir`), keyed by config hash; a run that finds its
-    checkpoint resumes from it (tag ``resumed_from_round``)."""
+    checkpoint resumes from it (tag ``resumed_from_round``).
+
+    Runs with a stage-1 ``model.pretrained`` start once every distinct stage 1 they need is
+    resolved: reused from the ``pretraining`` experiment by its config hash, or trained once by the
+    same executor and logged there (:mod:`benchmarks.stages`)."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
     if checkpoint_every < 0:
@@ -381,6 +393,10 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     held: dict[str, str] = {}  # config hash -> run id of our claim
     shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
     by_hash = {spec.config_hash: spec for spec in todo}
+    worker_args = WorkerArgs(device, data_dir, executor.threads, executor.in_process, execution, plan, deterministic)
+    pretrained = None  # the stage-1 states (benchmarks.stages), resolved before any run is claimed
+    states_dir = Path(tempfile.mkdtemp(prefix="pflbench-pretrained-"))
+    resolution = Resolution(None)
     bar = tqdm(total=len(todo), desc=f"{suite.key} runs", unit="run")
 
     def record(spec: RunSpec, outcome: dict) -> None:
@@ -413,16 +429,18 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
                     held[spec.config_hash] = run_id
                     won.append(spec)
             if won:
-                yield (tuple(s.config_hash for s in won),
-                       (won, device, data_dir, executor.threads, executor.in_process, execution, plan,
-                        deterministic))
+                yield tuple(s.config_hash for s in won), (won, *worker_args, pretrained)
 
     submitted = time.time()
     interrupted = None
-    results = executor.map(execute_specs, claimed_calls())
+    results = None
     try:
         with signals_interrupt() as guard:
             shield = guard.shielded
+            resolution = resolve_stage1(todo, tracker, executor, states_dir, worker_args, meta, git, command,
+                                        sweep_tags(suite.key, parent), lease_s, echo)
+            pretrained = resolution.provider
+            results = executor.map(execute_specs, claimed_calls())
             for key, outcomes, error in results:
                 group = [by_hash[h] for h in key]
                 if error is not None:
@@ -433,7 +451,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
                         record(spec, outcome)
     except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP (benchmarks.lifecycle)
         interrupted = err
-        results.close()  # kills the workers, drops the queue
+        if results is not None:
+            results.close()  # kills the workers, drops the queue
         name = getattr(err, "signal_name", "SIGINT")
         killed = claims.release_all(f"interrupted by {name} before it finished; the next sweep recomputes it")
         raise SweepInterrupted(name, finished, failed, killed) from None
@@ -441,12 +460,15 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         interrupted = err
         raise
     finally:
-        results.close()
+        if results is not None:
+            results.close()
         claims.close()
         bar.close()
+        shutil.rmtree(states_dir, ignore_errors=True)
         counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed}
         tracker.end_sweep(parent, counts, interrupted)
     if elsewhere:
         echo(f"{suite.key}: {elsewhere} run(s) claimed or finished by another runner, left to it")
     return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, elsewhere=elsewhere,
-                        parent_run_id=parent)
+                        parent_run_id=parent, pretrained_reused=resolution.reused,
+                        pretrained_trained=resolution.trained, pretrained_failed=resolution.failed)

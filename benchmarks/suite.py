@@ -87,7 +87,7 @@ PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 AXIS_KEYS = {"name", "key", "values"}
 FREE_FORM = ("data.params", "data.partition", "data.client_splits", "data.source_splits", "model.params",
-             "method.params", "evaluation.params")
+             "model.pretrained", "method.params", "evaluation.params")
 SCHEMA_KEYS = section_keys()
 
 
@@ -107,6 +107,9 @@ class RunSpec:
     config_hash: str
     tuned: dict | None = None
     """Provenance of the tuned values this run uses (None: the paper's values); see ``tags``."""
+    stage: str = ""
+    """``pretrain`` for a stage-1 run (:mod:`benchmarks.stages`: its final state is kept and logged
+    as the artifact ``pretrained/state.pt``); empty for the suite's own runs."""
 
     @property
     def tags(self) -> dict[str, str]:
@@ -151,10 +154,25 @@ def _without_defaults(value: Any, default: Any) -> Any:
 def config_hash(config: dict) -> str:
     """Hash of a resolved config, leaving out values equal to the schema's defaults, so adding a
     config key with a default does not orphan the runs already stored. A change that alters what
-    an identical config computes bumps ``CONFIG_VERSION`` instead."""
-    essential = _without_defaults(config, RunConfig().to_dict())
+    an identical config computes bumps ``CONFIG_VERSION`` instead. A stage-1 ``model.pretrained``
+    enters as its own defaults-free form (the stage-2 hash changes exactly when the stage-1 hash,
+    :func:`stage1_hash`, does)."""
+    defaults = RunConfig().to_dict()
+    essential = _without_defaults(config, defaults)
+    stage1 = (config.get("model") or {}).get("pretrained")
+    if stage1 and "source" not in stage1:
+        essential["model"]["pretrained"] = _without_defaults(stage1, defaults)
     payload = json.dumps({"v": CONFIG_VERSION, "config": essential}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def stage1_hash(config: dict) -> str | None:
+    """The config hash of a resolved run config's stage 1 (``model.pretrained``), None without one
+    (or with a ``source``, which trains nothing)."""
+    stage1 = (config.get("model") or {}).get("pretrained")
+    if not stage1 or "source" in stage1:
+        return None
+    return config_hash(RunConfig.from_dict(stage1).to_dict())
 
 
 def _set_dotted(config: dict, key: str, value: Any, where: str, origins: dict | None = None) -> None:
@@ -433,31 +451,47 @@ def validate_config(config: dict, where: str, origins: dict[str, str] | None = N
     that set the bad value when ``origins`` (dotted key -> entry) knows it, else ``where``."""
     try:
         cfg = RunConfig.from_dict(config)
-        DATASETS.get(cfg.data.dataset)
-        check_call_values(loader_params(cfg.data.dataset), cfg.data.params, "data.params.",
-                          f"dataset {cfg.data.dataset!r}")
-        check_sources(cfg.data)
-        MODELS.get(cfg.model.name)
-        method = METHODS.get(cfg.method.name)
-        method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",
-                                     path="method.params.")
-        for i, step in enumerate(cfg.model.warm_start):
-            if not isinstance(step, dict) or "name" not in step or set(step) - {"name", "params"}:
-                raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
-            METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
-                                                            where=f"model.warm_start[{i}]: ")
-        PROTOCOLS.get(cfg.evaluation.protocol)
-        EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
-        parse_analyses(cfg.evaluation.analyses)
-        partition = dict(cfg.data.partition)
-        if "name" not in partition:
-            raise ConfigError("data.partition needs a 'name'", "data.partition")
-        name = partition.pop("name")
-        check_call_values(PARTITIONERS.get(name), partition, "data.partition.", f"partitioner {name!r}")
+        _check_names(cfg)
+        stage1 = cfg.stage1()
+        if stage1 is not None:
+            try:
+                _check_names(stage1)
+            except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
+                key = getattr(err, "key", None)
+                raise ConfigError(f"model.pretrained: {err}", f"model.pretrained.{key}" if key else "model.pretrained")
     except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
         origin = _origin(origins or {}, getattr(err, "key", None))
         raise SuiteError(f"{origin} ({where.split(': ', 1)[-1]}): {err}" if origin else f"{where}: {err}") from None
-    return cfg.to_dict()
+    resolved = cfg.to_dict()
+    if stage1 is not None:  # resolved too: every stage-1 key in the run's params (config.json, MLflow)
+        resolved["model"]["pretrained"] = stage1.to_dict()
+    return resolved
+
+
+def _check_names(cfg: RunConfig) -> None:
+    """The registered names of a run (dataset, model, method, protocol, partitioner) and the
+    parameters checked against them; a :class:`ConfigError` keyed by the dotted config key."""
+    DATASETS.get(cfg.data.dataset)
+    check_call_values(loader_params(cfg.data.dataset), cfg.data.params, "data.params.",
+                      f"dataset {cfg.data.dataset!r}")
+    check_sources(cfg.data)
+    MODELS.get(cfg.model.name)
+    method = METHODS.get(cfg.method.name)
+    method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",
+                                 path="method.params.")
+    for i, step in enumerate(cfg.model.warm_start):
+        if not isinstance(step, dict) or "name" not in step or set(step) - {"name", "params"}:
+            raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
+        METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
+                                                        where=f"model.warm_start[{i}]: ")
+    PROTOCOLS.get(cfg.evaluation.protocol)
+    EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
+    parse_analyses(cfg.evaluation.analyses)
+    partition = dict(cfg.data.partition)
+    if "name" not in partition:
+        raise ConfigError("data.partition needs a 'name'", "data.partition")
+    name = partition.pop("name")
+    check_call_values(PARTITIONERS.get(name), partition, "data.partition.", f"partitioner {name!r}")
 
 
 def _parse_axis(raw: Any, where: str) -> Axis:

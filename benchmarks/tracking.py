@@ -19,14 +19,36 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from benchmarks import mlflow_ui as ui
 from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
-from benchmarks.suite import RunSpec, Suite
+from benchmarks.suite import RunSpec, Suite, stage1_hash
+
+STATE_DIR, STATE_FILE = "pretrained", "state.pt"
+"""A stage-1 run's artifact ``pretrained/state.pt``: its :data:`pfl_core.pretrained.PretrainedState`."""
+STAGE_TAG = "stage"
+
+
+def stage_tags(spec: RunSpec, info: dict) -> dict[str, str]:
+    """The two-stage pipeline's tags: ``stage=pretrain`` on a stage-1 run; on a run that starts
+    from one, its stage-1 config hash (``pretrained.config_hash``) and, once it ran, the stage-1
+    MLflow run it loaded (``pretrained.run_id``), or ``pretrained.source`` (imagenet)."""
+    if spec.stage:
+        return {STAGE_TAG: spec.stage}
+    tags, used = {}, info.get("pretrained") or {}
+    wanted = stage1_hash(spec.config)
+    if wanted:
+        tags["pretrained.config_hash"] = wanted
+    for key in ("run_id", "source"):
+        if key in used:
+            tags[f"pretrained.{key}"] = str(used[key])
+    return tags
 
 METRIC_BATCH = 1000
+PARAM_BATCH = 100  # MLflow's limit of params per log_batch
 PARAM_VALUE_LIMIT = 6000
 STORE_RETRIES = 12
 
@@ -213,6 +235,7 @@ class Tracker:
         }
         if parent:
             tags[ui.PARENT_TAG] = parent
+        tags.update(stage_tags(spec, info))
         if info.get("dataset_offline"):
             tags["offline_data"] = "true"
         if info.get("resumed_from_round"):
@@ -233,7 +256,8 @@ class Tracker:
         else:
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
         params = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in flatten(spec.config).items()]
-        self.client.log_batch(run_id, params=params)
+        for start in range(0, len(params), PARAM_BATCH):  # a stage-2 config holds its stage 1's keys too
+            self.client.log_batch(run_id, params=params[start:start + PARAM_BATCH])
         self._log_metrics(run_id, outcome)
         self._log_artifacts(run_id, spec, outcome)
         status = "FAILED" if "error" in outcome else "FINISHED"
@@ -309,6 +333,10 @@ class Tracker:
                 path = Path(tmp) / f"{name}.npz"
                 np.savez_compressed(path, **arrays)
                 self.client.log_artifact(run_id, str(path))
+            if outcome.get("state") is not None:  # a stage-1 run: logged before the run is FINISHED
+                path = Path(tmp) / STATE_FILE
+                torch.save(outcome["state"], path)
+                self.client.log_artifact(run_id, str(path), STATE_DIR)
 
 
 def read_json_artifact(client: MlflowClient, run_id: str, name: str):

@@ -238,6 +238,10 @@ class Objective:
         self.metric = objective_key(suite)
         self.rounds = self.specs[0].config["federation"]["rounds"]
         _, self.notes = tuning_config(self.specs[0].config, opts)
+        from pfl_core.experiment import InProcessPretraining  # imported late, as in __call__
+
+        #: a stage-1 ``model.pretrained`` is trained once per study process, not once per trial
+        self.pretrained = InProcessPretraining(opts.device, opts.data_dir)
 
     def describe(self) -> dict:
         """What the objective is (stored on the study; a resumed study must match)."""
@@ -281,7 +285,7 @@ class Objective:
 
             try:
                 result = run_experiment(RunConfig.from_dict(config), device=self.opts.device,
-                                        data_dir=self.opts.data_dir, on_round=on_round)
+                                        data_dir=self.opts.data_dir, on_round=on_round, pretrained=self.pretrained)
             except DivergenceError as err:
                 reason = f"diverged (seed {config['seed']}): {err}"
                 trial.set_user_attr("failure_reason", reason)

@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -26,6 +27,7 @@ from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment, run_experiments
 from pfl_core.federation import DivergenceError
+from pfl_core.pretrained import Provider, to_device
 from pfl_core.seeding import use_deterministic
 
 KILL_HOOK_ENV = "PFLBENCH_TEST_KILL_DIR"
@@ -73,6 +75,18 @@ class CheckpointPlan:
         self.path(spec).unlink(missing_ok=True)
 
 
+class WorkerArgs(NamedTuple):
+    """The arguments of :func:`execute_specs` after the specs that a sweep gives every unit of work."""
+
+    device: str
+    data_dir: str | None
+    threads: int
+    progress: bool
+    execution: str
+    checkpoints: CheckpointPlan | None
+    deterministic: bool
+
+
 def _failure(started: float, err: BaseException) -> dict:
     if isinstance(err, DivergenceError):
         return {"started": started, "ended": time.time(), "error": f"diverged: {err}"}
@@ -80,8 +94,13 @@ def _failure(started: float, err: BaseException) -> dict:
             "traceback": traceback.format_exc()}
 
 
-def _outcome(started: float, result) -> dict:
-    return {"started": started, "ended": time.time(), "metrics": result.metrics,
+def _outcome(started: float, result, spec: RunSpec) -> dict:
+    """A run's picklable outcome; a stage-1 run's (``spec.stage``) carries its final state on the CPU."""
+    if spec.stage and result.final_state is None:
+        return {"started": started, "ended": time.time(), "error": f"method {spec.method} keeps no global model "
+                f"(server 'params'), so it cannot be the stage 1 of model.pretrained; pretrain with e.g. fedavg"}
+    state = to_device(result.final_state, "cpu") if spec.stage else None
+    return {"started": started, "state": state, "ended": time.time(), "metrics": result.metrics,
             "history": result.history, "clients": result.clients, "curve_mean": result.curve_mean,
             "curve_weighted": result.curve_weighted, "arrays": result.arrays,
             "info": {**result.info, "torch_threads": torch.get_num_threads(),
@@ -90,13 +109,15 @@ def _outcome(started: float, result) -> dict:
 
 def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
                   progress: bool = False, execution: str = "auto",
-                  checkpoints: CheckpointPlan | None = None, deterministic: bool = False) -> list[dict]:
+                  checkpoints: CheckpointPlan | None = None, deterministic: bool = False,
+                  pretrained: Provider | None = None) -> list[dict]:
     """Run specs that differ only in their seed - in lockstep when there are several
     (:func:`pfl_core.experiment.run_experiments`) - with ``threads`` torch threads, and return one
     picklable outcome (metrics, history, clients) or error per spec. A group that fails is rerun
     one spec at a time, so that one diverging seed fails alone. ``checkpoints``: save and resume
     (:class:`CheckpointPlan`). ``deterministic``: :func:`pfl_core.seeding.use_deterministic` in this
-    process first (recorded in ``run_info.json`` and the run's tags)."""
+    process first (recorded in ``run_info.json`` and the run's tags). ``pretrained``: the provider
+    of ``model.pretrained`` states (:mod:`benchmarks.stages`: the stored stage-1 runs)."""
     before, was_deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(threads)
     if deterministic:
@@ -106,7 +127,7 @@ def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threa
         # count: its default, one thread per core, spins against the other workers (4x the CPU
         # time of one thread in `make demo`) for the same numbers
         with threadpool_limits(threads, user_api="blas"):
-            return _execute(specs, device, data_dir, threads, progress, execution, checkpoints)
+            return _execute(specs, device, data_dir, threads, progress, execution, checkpoints, pretrained)
     finally:  # a run in this process leaves the caller's settings as they were
         torch.set_num_threads(before)
         if deterministic and not was_deterministic:
@@ -114,7 +135,7 @@ def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threa
 
 
 def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: int, progress: bool,
-             execution: str, checkpoints: CheckpointPlan | None) -> list[dict]:
+             execution: str, checkpoints: CheckpointPlan | None, pretrained: Provider | None) -> list[dict]:
     for spec in specs:
         _kill_hook(spec)
     saving = checkpoints.for_runs(specs) if checkpoints else None
@@ -132,16 +153,16 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
     try:
         if len(specs) == 1:
             results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving)]
+                                      execution=execution, checkpointing=saving, pretrained=pretrained)]
         else:
             results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving)
+                                      execution=execution, checkpointing=saving, pretrained=pretrained)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
         if len(specs) > 1:
             bar.close()
-            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints)[0]
+            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints, pretrained)[0]
                     for spec in specs]
         return [_failure(started, err)]
     finally:
         bar.close()
-    return [_outcome(started, result) for result in results]
+    return [_outcome(started, result, spec) for result, spec in zip(results, specs)]

@@ -112,6 +112,15 @@ class ModelConfig:
     (``[{name: fedavg, params: {...}}, ...]``); the run's method starts where the last ends. Off
     (empty) by default: it emulates the CAFeMe code's single model object shared by its baselines
     (spec diff 15), a known defect reproduced only on request."""
+    pretrained: dict = field(default_factory=dict)
+    """The two-stage pipeline (FedL2P, issue 14): the run starts from a pretrained model instead of
+    its own initialisation. Either a stage-1 run configuration (a mapping with that run's own
+    ``data``, ``model``, ``method``, ``federation``, ``evaluation``, ``seed``; defaults as a
+    :class:`RunConfig`), whose final global parameters and BatchNorm running statistics become this
+    run's starting point (:mod:`pfl_core.pretrained`), or ``{source: imagenet}``: the model's own
+    ImageNet weights (``weights: imagenet``), nothing trained. Empty (default): no stage 1. The
+    stage-1 seed is its own key (a suite fixes it: one pretrained model shared by the seeds of
+    stage 2, FedL2P contract)."""
 
 
 @dataclass
@@ -210,6 +219,7 @@ class RunConfig:
             raise ConfigError(f"data.client_splits: the fractions sum to {total:g}, leaving nothing for "
                               f"{self.data.remainder!r}; make them sum to less than 1", "data.client_splits")
         self._check_source_splits()
+        self._check_pretrained()
         if self.evaluation.target == "validation" and self.data.normalize_stats == "dataset":
             raise ConfigError("data.normalize_stats: 'dataset' statistics include test clients, which a "
                               "tuning run (evaluation.target: validation) must not see; use auto or train",
@@ -222,6 +232,49 @@ class RunConfig:
             raise ConfigError(f"federation.clients_per_round must be <= the {train} training clients "
                               f"(data.num_clients minus unseen and validation clients), or 0 for all; got "
                               f"{self.federation.clients_per_round}", "federation.clients_per_round")
+
+    def stage1(self) -> "RunConfig | None":
+        """The stage-1 run of ``model.pretrained`` (None: no stage 1, or a ``source``)."""
+        pretrained = self.model.pretrained
+        if not pretrained or "source" in pretrained:
+            return None
+        return RunConfig.from_dict(pretrained)
+
+    def pretrained_source(self) -> str | None:
+        """``imagenet`` for ``model.pretrained: {source: imagenet}``, else None."""
+        return self.model.pretrained.get("source")
+
+    def _check_pretrained(self) -> None:
+        """``model.pretrained``: ``{source: imagenet}`` or a valid stage-1 run configuration whose
+        model is this run's (errors keyed ``model.pretrained.<dotted key>``)."""
+        pretrained, key = self.model.pretrained, "model.pretrained"
+        if not pretrained:
+            return
+        if self.model.warm_start:
+            raise ConfigError("model.pretrained and model.warm_start both set the starting model; keep one",
+                              "model.warm_start")
+        if "source" in pretrained:
+            if set(pretrained) != {"source"} or pretrained["source"] not in PRETRAINED_SOURCES:
+                raise ConfigError(f"{key}: a source is written {{source: {'|'.join(PRETRAINED_SOURCES)}}} alone, "
+                                  f"got {pretrained!r}; or describe a stage-1 run (data, model, method, ...)", key)
+            if self.model.params.get("weights") != pretrained["source"]:
+                raise ConfigError(f"{key}: {{source: {pretrained['source']}}} starts from the model's own "
+                                  f"{pretrained['source']} weights: set model.params.weights: "
+                                  f"{pretrained['source']} (a model that has them, e.g. resnet18_imagenet)",
+                                  "model.params.weights")
+            return
+        stage1 = _build(RunConfig, pretrained, key)  # its errors name model.pretrained.<key>
+        if stage1.model.pretrained:
+            raise ConfigError(f"{key}.model.pretrained: a stage-1 run starts from its own initialisation "
+                              "(one stage of pretraining); remove it", f"{key}.model.pretrained")
+        try:
+            stage1.check_consistency()
+        except ConfigError as err:
+            raise ConfigError(f"{key}: {err}", f"{key}.{err.key}" if err.key else key) from None
+        if stage1.model.name != self.model.name:
+            raise ConfigError(f"{key}.model.name is {stage1.model.name!r} but this run's model is "
+                              f"{self.model.name!r}: stage 2 starts from the stage-1 model, so they must be "
+                              f"the same", f"{key}.model.name")
 
     def _check_source_splits(self) -> None:
         """``data.source_splits`` / ``pool_splits`` / ``partition_seeding`` with the other data keys
@@ -250,6 +303,10 @@ class RunConfig:
         if d.redraw_short_clients:
             raise ConfigError("data.redraw_short_clients does not apply with data.source_splits; turn it off",
                               "data.redraw_short_clients")
+
+
+#: the ``model.pretrained: {source: ...}`` values: weights that come with the model, no stage 1
+PRETRAINED_SOURCES = ("imagenet",)
 
 
 class ConfigError(ValueError):

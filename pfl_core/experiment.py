@@ -28,6 +28,7 @@ from pfl_core.evaluation import EvalConfig
 from pfl_core.protocols import PROTOCOLS
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
+from pfl_core.pretrained import PretrainedState, Provider, final_state, resolve
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
 
@@ -130,6 +131,10 @@ class RunResult:
     info: dict = field(default_factory=dict)
     arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     """Post-run analyses' arrays by artifact name (logged as ``<name>.npz``)."""
+    final_state: PretrainedState | None = None
+    """The final global parameters and BN running statistics (:func:`pfl_core.pretrained.final_state`):
+    what a stage-2 run starts from when this run is its stage 1; None for a method whose server
+    keeps no global ``params`` (pFedHN's hypernetwork), which cannot be a stage 1."""
 
 
 @dataclass
@@ -146,10 +151,15 @@ class RunSetup:
     streams: RunStreams
     analyses: list = field(default_factory=list)
     """The post-run analyses of ``evaluation.analyses`` (:mod:`pfl_core.analysis`)."""
+    pretrained_info: dict = field(default_factory=dict)
+    """Where ``model.pretrained`` came from (stage-1 config hash and run, or a source)."""
 
 
-def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) -> RunSetup:
-    """Load and partition the data, build the model (seeded), the method and the protocol."""
+def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
+                pretrained: Provider | None = None) -> RunSetup:
+    """Load and partition the data, build the model (seeded, then loaded with the pretrained state
+    of ``model.pretrained`` from ``pretrained``, default :class:`InProcessPretraining`), the method
+    (``algorithm.pretrained``: that state) and the protocol."""
     streams = RunStreams(cfg.seed)
     d = cfg.data
     from_train = d.normalize == "pixel" and cfg.pixel_stats_from() == "train"
@@ -186,8 +196,10 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
         torch.manual_seed(streams.seed_int("init"))
         model = build_model(cfg.model.name, dataset.input_shape, dataset.num_classes, **cfg.model.params)
     model = model.to(dev)
+    state, pretrained_info = resolve(cfg, model, pretrained or InProcessPretraining(str(dev), data_dir))
     algorithm = method_cls(model, hp)
     algorithm.seed = streams.seed_int("algorithm")
+    algorithm.pretrained = state
     protocol_cls = PROTOCOLS.get(cfg.evaluation.protocol)
     protocol = protocol_cls(EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: "),
                             target=cfg.evaluation.target)
@@ -198,12 +210,12 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None) 
                                      std=fed.dataset.std).to(dev)
                        for role, split in protocol.dataset_splits.items() if split not in d.pool_splits})
     analyses = parse_analyses(cfg.evaluation.analyses)
-    return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams, analyses)
+    return RunSetup(cfg, dev, dataset, fed, model, algorithm, protocol, streams, analyses, pretrained_info)
 
 
 def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     """Metrics, history, per-client results and provenance of a finished run."""
-    final, fed = fed_result.final, setup.fed
+    final, fed, server = fed_result.final, setup.fed, fed_result.server
     metrics = dict(final.summary)
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
@@ -232,12 +244,14 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "test_in_other_train_fraction": test_in_other_train_fraction(fed),
         **setup.algorithm.run_info(fed_result.server),
     }
+    if setup.pretrained_info:
+        info["pretrained"] = setup.pretrained_info
     if setup.cfg.federation.early_stopping:
         info["early_stopped_at_round"] = fed_result.stopped_round
     analysed = run_analyses(setup.analyses, setup, fed_result)
     metrics.update(analysed.metrics)
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info,
-                     analysed.arrays)
+                     analysed.arrays, final_state(setup.model, server) if "params" in server else None)
 
 
 def run_experiment(
@@ -247,6 +261,7 @@ def run_experiment(
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
     checkpointing: Checkpointing | None = None,
+    pretrained: Provider | None = None,
 ) -> RunResult:
     """Run one configuration and return its results (raises DivergenceError on NaN).
 
@@ -254,8 +269,10 @@ def run_experiment(
     ``sequential`` (one client at a time, the reference), ``batched`` (vmapped stacks of clients,
     :mod:`pfl_core.engine`), or ``auto`` (:func:`make_executor`). A method without a client
     program runs sequentially either way; ``info["execution"]`` records the path taken and why.
-    ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it."""
-    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing)[0]
+    ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it.
+    ``pretrained`` provides the stage-1 state of ``model.pretrained`` (:mod:`pfl_core.pretrained`;
+    default: stage 1 runs here first, :class:`InProcessPretraining`)."""
+    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing, pretrained)[0]
 
 
 def run_experiments(
@@ -265,6 +282,7 @@ def run_experiments(
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     execution: str = "auto",
     checkpointing: Checkpointing | None = None,
+    pretrained: Provider | None = None,
 ) -> list[RunResult]:
     """Run configurations that differ only in their seed *in lockstep*: every round, the sampled
     clients of all of them go to the executor together (on the batched path: one vmapped stack of
@@ -273,12 +291,14 @@ def run_experiments(
     metrics). One failing run (NaN) fails the group: run the seeds alone to isolate it.
     ``checkpointing`` has one path per configuration: the runs resume from their checkpoints when
     all exist at the same round (the warm start is then skipped: its result is in the saved
-    server state), and are saved together every N rounds."""
+    server state), and are saved together every N rounds. ``pretrained``: as in
+    :func:`run_experiment`, shared by the runs (one stage 1 for the seeds of a cell)."""
     started = time.perf_counter()
     dev = resolve_device(device)
     executor = make_executor(execution, dev)
     _check_lockstep(cfgs)
-    setups = [prepare_run(cfg, dev, data_dir) for cfg in cfgs]
+    provider = pretrained or InProcessPretraining(device, data_dir, execution)
+    setups = [prepare_run(cfg, dev, data_dir, provider) for cfg in cfgs]
     saved = checkpointing.available() if checkpointing is not None else None
     inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [
@@ -293,6 +313,21 @@ def run_experiments(
     if start:
         info["resumed_from_round"] = start
     return [run_result(s, r, info) for s, r in zip(setups, results)]
+
+
+class InProcessPretraining:
+    """The default provider: runs each distinct stage-1 configuration here, once, with the
+    stage-2 run's device, data folder and execution path, and keeps its state."""
+
+    def __init__(self, device: str = "auto", data_dir: str | None = None, execution: str = "auto"):
+        self.device, self.data_dir, self.execution = device, data_dir, execution
+        self.states: dict[str, PretrainedState] = {}
+
+    def __call__(self, stage1: RunConfig) -> PretrainedState:
+        key = json.dumps(stage1.to_dict(), sort_keys=True, default=str)
+        if key not in self.states:
+            self.states[key] = run_experiment(stage1, self.device, self.data_dir, execution=self.execution).final_state
+        return self.states[key]
 
 
 def _check_lockstep(cfgs: list[RunConfig]) -> None:

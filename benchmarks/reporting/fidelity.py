@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+from benchmarks.suite import stage1_hash
 from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig
 from pfl_core.data import DATASETS
@@ -67,6 +68,18 @@ def warm_start(model: dict) -> list[str]:
     return [f"model.warm_start={' -> '.join(s['name'] for s in steps)}"] if steps else []
 
 
+def pretrained(config: dict) -> list[str]:
+    """``model.pretrained=fedavg on cifar10, seed 1, 500 rounds (stage 1 <hash>)`` when the run
+    starts from a stage-1 run (:mod:`benchmarks.stages`), ``model.pretrained=imagenet`` from weights."""
+    stage1 = (config.get("model") or {}).get("pretrained") or {}
+    if not stage1:
+        return []
+    if "source" in stage1:
+        return [f"model.pretrained={stage1['source']}"]
+    return [f"model.pretrained={stage1['method']['name']} on {stage1['data']['dataset']}, seed {stage1['seed']}, "
+            f"{stage1['federation']['rounds']} rounds (stage 1 {stage1_hash(config)})"]
+
+
 #: federation fields that change what a run reports (MetaVers code-vs-paper difference 10)
 STOPPING_FIELDS = ("early_stopping", "early_stopping_key", "patience", "patience_rule", "early_stopping_after")
 
@@ -82,11 +95,11 @@ def stopping_switches(federation: dict) -> list[str]:
 
 def switches(config: dict) -> list[str]:
     """Every non-default method hyperparameter and model parameter of one resolved config, the
-    method's mechanism line, the warm-start chain and early stopping."""
+    method's mechanism line, the warm-start chain, the stage-1 model it starts from and early stopping."""
     method, model = config.get("method", {}), config.get("model", {})
     params = method.get("params") or {}
     return (method_switches(method["name"], params) + mechanism(method["name"], params)
-            + model_switches(model["name"], model.get("params") or {}) + warm_start(model)
+            + model_switches(model["name"], model.get("params") or {}) + warm_start(model) + pretrained(config)
             + stopping_switches(config.get("federation") or {}))
 
 

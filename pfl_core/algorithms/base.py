@@ -107,6 +107,10 @@ class Algorithm(ABC):
     #: an integer derived from the run seed (stream ``algorithm``), for a method's own randomness
     #: (k-means restarts, coin flips); set by the experiment before training
     seed: int = 0
+    #: the stage-1 state of ``model.pretrained`` (:mod:`pfl_core.pretrained`: ``{"params", "buffers"}``
+    #: on the run's device), set by the experiment before :meth:`prepare`; None without a stage 1.
+    #: The model's initial parameters (hence :meth:`init_server`'s) are already its ``params``.
+    pretrained: dict | None = None
     #: None when the client update is a program (batched path available), else why it is not
     batched_fallback: ClassVar[str | None] = None
     #: plan streams whose number of batches may differ between clients: the batched path may pad
