@@ -22,6 +22,7 @@ from pfl_core.config import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
+from pfl_core.data.splits import seeded_random_split
 from pfl_core.registry import Registry
 
 Loader = Callable[..., ArrayDataset]
@@ -88,7 +89,7 @@ def concat_sources(parts: list[ArrayDataset], sources: list[str]) -> ArrayDatase
     return ArrayDataset(
         name=first.name, x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]),
         num_classes=max(p.num_classes for p in parts), groups=groups, mean=first.mean, std=first.std,
-        offline=first.offline, source=tags, sources=tuple(sources),
+        offline=first.offline, source=tags, sources=tuple(sources), group_names=first.group_names,
         description="; ".join(p.description for p in parts),
     )
 
@@ -234,9 +235,8 @@ def train_val_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.nd
     (train, val) positions in that permutation's order (the order of the code's ``Subset``)."""
     if not 0 < val_size < n:
         raise ValueError(f"data.params.val_size must be in (0, {n}) for a training set of {n}, got {val_size}")
-    generator = torch.Generator().manual_seed(seed)
-    train, val = torch.utils.data.random_split(range(n), [n - val_size, val_size], generator=generator)
-    return np.asarray(train.indices, dtype=np.int64), np.asarray(val.indices, dtype=np.int64)
+    train, val = seeded_random_split(n, [n - val_size, val_size], seed)
+    return train, val
 
 
 def _cifar(

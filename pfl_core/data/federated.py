@@ -31,6 +31,7 @@ class ArrayDataset:
         source, sources: for a dataset joined from several of its splits
             (:func:`~pfl_core.data.datasets.load_sources`), ``sources[source[i]]`` is the split row
             i came from (e.g. ``("train", "val", "test")``); None and () for one split.
+        group_names: the name of each group id, when the groups have names.
     """
 
     name: str
@@ -44,6 +45,8 @@ class ArrayDataset:
     description: str = ""
     source: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
+    group_names: tuple[str, ...] = ()
+    """Optional name of each group id (``group_names[g]``: a corruption, a domain); () for none."""
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
