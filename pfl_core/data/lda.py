@@ -167,7 +167,7 @@ def lda_apply(labels: np.ndarray, plan: LdaPlan, rng) -> list[np.ndarray]:
         p = exclude_and_normalize(plan.matrix[client], empty)
         taken = []
         for _ in range(size):
-            c = int(np.flatnonzero(stream.multinomial(1, p) == 1)[0])
+            c = int(stream.multinomial(1, p).argmax())  # the one class drawn (flwr: np.where(... == 1))
             taken.append(pools[c].pop())
             if not pools[c]:
                 empty[c] = True
