@@ -296,7 +296,13 @@ def check_values(hints: dict[str, Any], values: dict, where: str = "",
     ``path + name`` (default ``where + name``), the dotted config key."""
     checked = dict(values)
     for name, value in values.items():
-        expected, ranges = _unwrap(hints.get(name))
+        hint = hints.get(name)
+        if type(None) in typing.get_args(hint):  # ``X | None``: null, or a value checked as X
+            if value is None:
+                continue
+            others = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = others[0] if len(others) == 1 else hint
+        expected, ranges = _unwrap(hint)
         key = f"{where}{name}"
         dotted = f"{path if path is not None else where}{name}"
         default = (defaults or {}).get(name, MISSING)

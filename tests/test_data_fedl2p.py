@@ -134,3 +134,15 @@ def test_cifar10c_missing_files_name_the_folder(tmp_path):
     with pytest.raises(ValueError, match="corruptions"):
         load_dataset("cifar10c", tmp_path, "train", corruptions=["rain"])
     assert FEDL2P_CORRUPTIONS[0] == "brightness" and len(FEDL2P_CORRUPTIONS) == 10
+
+
+def test_lda_seed_is_checked_at_config_time():
+    from pfl_core.config import check_call_values
+    from pfl_core.data.partitions import PARTITIONERS
+
+    lda = PARTITIONERS.get("lda")
+    assert check_call_values(lda, {"alpha": 1, "seed": None}, "data.partition.", "lda") == {"alpha": 1.0, "seed": None}
+    with pytest.raises(ConfigError, match=r"data.partition.seed must be an integer >= 0"):
+        check_call_values(lda, {"seed": "1"}, "data.partition.", "lda")
+    with pytest.raises(ConfigError, match=r"data.partition.seed must be >= 0, got -1"):
+        check_call_values(lda, {"seed": -1}, "data.partition.", "lda")

@@ -175,3 +175,11 @@ def test_lda_split_missing_a_class_is_a_clear_error():
     with pytest.raises(ValueError, match="every split must hold every class"):
         partition_sources("lda", {"train": labels_of(100), "test": np.zeros(20, dtype=np.int64)}, 5, None,
                           lambda s: None, alpha=1.0, seed=1)
+
+
+def test_lda_seed_null_needs_a_numpy_stream():
+    import random
+
+    with pytest.raises(ValueError, match="partition_seeding: reseed"):
+        partition_sources("lda", {"train": labels_of(100)}, 5, np.random.RandomState(0),
+                          lambda s: random.Random(0), alpha=1.0, seed=None)

@@ -151,6 +151,9 @@ def lda_apply(labels: np.ndarray, plan: LdaPlan, rng) -> list[np.ndarray]:
     client's indices into ``labels`` in draw order. Shuffle and draws use ``plan.stream`` when it
     is set, else ``rng`` (anything with numpy's ``permutation`` and ``multinomial``)."""
     stream = plan.stream if plan.stream is not None else rng
+    if not hasattr(stream, "multinomial"):
+        raise ValueError("lda with seed: null draws from the run's numpy partition stream; "
+                         "data.partition_seeding: reseed gives Python's random - use streams, or an integer seed")
     labels = np.asarray(labels)
     num_clients, num_classes = plan.matrix.shape
     shuffled = stream.permutation(len(labels))
