@@ -146,3 +146,23 @@ def test_lda_seed_is_checked_at_config_time():
         check_call_values(lda, {"seed": "1"}, "data.partition.", "lda")
     with pytest.raises(ConfigError, match=r"data.partition.seed must be >= 0, got -1"):
         check_call_values(lda, {"seed": -1}, "data.partition.", "lda")
+
+
+def test_cifar10_fedl2p_data_config_end_to_end(tmp_path, monkeypatch):
+    """The README's CIFAR-10 data block on tiny real-format pickles: LDA train/test, 80/20 client cut."""
+    from torchvision import datasets as tv
+
+    from fake_data import write_cifar_layout
+
+    write_cifar_layout(tmp_path, tv.CIFAR10, monkeypatch, n_per_file=20)  # 100 train, 20 test
+    cfg = RunConfig.from_dict({"data": {
+        "dataset": "cifar10", "params": {"mean_std": "fedl2p"}, "num_clients": 10,
+        "partition": {"name": "lda", "alpha": 0.5}, "source_splits": {"train": "train", "test": "test"},
+        "client_splits": {}, "client_val_fraction": 0.2}, "model": {"name": "mlr"},
+        "federation": {"clients_per_round": 2}, "seed": 3})
+    fed = prepare_run(cfg, torch.device("cpu"), data_dir=str(tmp_path)).fed
+    assert {(c.size("train"), c.size("val"), c.size("test")) for c in fed.clients} == {(8, 2, 2)}
+    assert fed.dataset.mean == (0.4914, 0.4822, 0.4465)
+    joined = load_run_dataset(cfg, str(tmp_path))
+    every = np.sort(np.concatenate([torch.cat([c.splits["train"], c.splits["val"]]).numpy() for c in fed.clients]))
+    assert np.array_equal(every, joined.source_rows("train"))
