@@ -51,6 +51,11 @@ def draw_crop_flip(n: int, generator: torch.Generator, *, shared: bool = False, 
     return CropFlip(top.contiguous(), left.contiguous(), flip.contiguous())
 
 
+def stack_draws(draws: Sequence[CropFlip]) -> CropFlip:
+    """Several clients' draws (each of n images) stacked to [clients, n], for a vmapped apply."""
+    return CropFlip(*(torch.stack(field) for field in zip(*draws)))
+
+
 def crop_flip(x: torch.Tensor, draws: CropFlip, padding: int = 4) -> torch.Tensor:
     """RandomCrop(H x W, padding, fill 0) then RandomHorizontalFlip of ``x`` [n, C, H, W] with the
     given draws: zero-pad, then gather the crop rows and the (mirrored where ``flip``) columns."""

@@ -8,7 +8,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
 from pfl_core.augment import (FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD, CropFlip, augment, crop_flip,
-                              draw_crop_flip, normalize)
+                              draw_crop_flip, normalize, stack_draws)
 from pfl_core.data.federated import ArrayDataset
 
 
@@ -62,7 +62,8 @@ def test_crop_flip_under_vmap_equals_the_loop():
     xs = torch.stack([images(5, seed=s) for s in range(3)])
     g = torch.Generator().manual_seed(1)
     draws = [draw_crop_flip(5, g, shared=s == 1) for s in range(3)]
-    stacked = CropFlip(*(torch.stack(t) for t in zip(*draws)))
+    stacked = stack_draws(draws)
+    assert stacked.top.shape == (3, 5)
     batched = torch.func.vmap(augment)(xs, stacked)
     assert torch.equal(batched, torch.stack([augment(x, d) for x, d in zip(xs, draws)]))
 
