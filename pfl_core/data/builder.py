@@ -186,19 +186,19 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
     else:
         parts = partition_sources(partition, {s: labels[rows[s]] for s in sources}, num_clients, assign_rng,
                                   split_rng, groups=groups, **partition_params)
+    ids = np.unique(np.concatenate(list(groups.values()))) if groups is not None else None
     clients = []
     for cid in range(num_clients):
         own = {s: rows[s][parts[s][cid]] for s in sources}
         splits = {name: torch.as_tensor(own[s], dtype=torch.int64) for name, s in source_splits.items()}
         meta = {"n": int(sum(len(v) for v in own.values())), **{f"n_{s}": int(len(v)) for s, v in own.items()}}
-        if groups is not None:  # clients g*m .. g*m+m-1 form group g (partition_sources)
-            ids = np.unique(np.concatenate(list(groups.values())))
+        if ids is not None:  # clients g*m .. g*m+m-1 form group g (partition_sources)
             meta["group"] = group_label(dataset, int(ids[cid // (num_clients // len(ids))]))
         clients.append(Client(cid, splits, meta))
     return clients
 
 
-def group_label(dataset: ArrayDataset, group: int):
+def group_label(dataset: ArrayDataset, group: int) -> str | int:
     """The name of group id ``group`` (``ArrayDataset.group_names``: a corruption, a domain), else the id."""
     return dataset.group_names[group] if dataset.group_names else group
 

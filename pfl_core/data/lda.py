@@ -137,7 +137,7 @@ class LdaPlan:
     """The code's ``np.random`` after ``np.random.seed(seed)``; None: the caller's generator."""
 
 
-def lda_plan(labels: np.ndarray, num_clients: int, rng, *, alpha: float, seed: int | None) -> LdaPlan:
+def lda_plan(labels: np.ndarray, num_clients: int, rng, *, alpha: float = 1.0, seed: int | None = 1) -> LdaPlan:
     """The Dirichlet matrix over the classes present in ``labels``: from ``default_rng(seed)`` with a
     fixed ``seed`` (the code: 1, every run alike), else from ``rng`` (the run's partition stream)."""
     num_classes = len(np.unique(labels))

@@ -14,7 +14,7 @@ from typing import Callable, Union
 import numpy as np
 
 from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt, Probability
-from pfl_core.data.lda import LdaPlan, lda_apply, lda_plan
+from pfl_core.data.lda import lda_apply, lda_plan
 from pfl_core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
@@ -22,6 +22,7 @@ ShuffleRng = Union[np.random.Generator, np.random.RandomState, random.Random]
 """A generator that can shuffle: numpy's (``permutation``) or Python's (``shuffle``, the MetaVers
 code's ``random.shuffle`` after ``random.seed(seed)``)."""
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+
 
 def _int64_list(parts: list[np.ndarray]) -> list[np.ndarray]:
     return [np.asarray(p, dtype=np.int64) for p in parts]
@@ -135,12 +136,7 @@ def lda(
     return lda_apply(labels, plan, rng)
 
 
-def _lda_assignment(labels: np.ndarray, num_clients: int, rng, *, alpha: float = 1.0,
-                    seed: int | None = 1) -> LdaPlan:
-    return lda_plan(labels, num_clients, rng, alpha=alpha, seed=seed)
-
-
-lda.phases = (_lda_assignment, lda_apply)
+lda.phases = (lda_plan, lda_apply)
 """Two-phase form: one Dirichlet matrix (and one running numpy stream) for train, val and test, as
 the code reuses the training partition's matrix for the test partition (spec, step 5)."""
 
