@@ -95,6 +95,19 @@ class DataConfig:
     ``np.random.seed(seed)``, each source split's per-class shuffles from Python's ``random`` after
     ``random.seed(seed)``, which gives the authors' exact clients for a seed. Needs a two-phase
     partitioner."""
+    partition_per_group: bool = False
+    """Partition each of the dataset's groups (CIFAR-10-C corruption, domain) on its own among
+    ``num_clients / G`` clients, group by group, under ONE assignment (FedL2P: the code re-draws the
+    Dirichlet matrix per corruption/domain from ``default_rng(1)``, the same matrix for all, spec
+    diff 14); clients g*m .. g*m+m-1 form group g (``Client.meta["group"]``). Needs
+    ``source_splits`` and a two-phase partitioner (``lda``)."""
+    client_val_fraction: Fraction = 0.0
+    """Cut each client's ``train`` split into ``train`` and ``val`` = int(fraction * n) after
+    partitioning, with ``random_split`` and a generator seeded ``client_val_seed`` (FedL2P's
+    CIFAR-10 loader: 0.2 and 1, 50 samples -> 40 / 10, the same cut every round and every run;
+    FedL2P spec, "CIFAR-10"). 0 (default): off."""
+    client_val_seed: NonNegativeInt = 1
+    """The seed of ``client_val_fraction``'s generator (fixed, not the run seed: the code's 1)."""
     redraw_short_clients: bool = False
     """Redraw the partition while a client's train split holds fewer than
     ``federation.batch_size`` samples (the CAFeMe authors' de-facto rule: their code crashes on
@@ -285,6 +298,9 @@ class RunConfig:
             raise ConfigError("data.redraw_short_clients cannot redraw a partition under data.partition_seeding: "
                               "reseed (the same seed gives the same clients); turn one off",
                               "data.redraw_short_clients")
+        if d.partition_per_group and not d.source_splits:
+            raise ConfigError("data.partition_per_group needs data.source_splits (e.g. {train: train, val: val, "
+                              "test: test})", "data.partition_per_group")
         if not d.source_splits:
             if d.pool_splits:
                 raise ConfigError("data.pool_splits needs data.source_splits (the clients' splits, e.g. "
@@ -337,7 +353,13 @@ def check_values(hints: dict[str, Any], values: dict, where: str = "",
     ``path + name`` (default ``where + name``), the dotted config key."""
     checked = dict(values)
     for name, value in values.items():
-        expected, ranges = _unwrap(hints.get(name))
+        hint = hints.get(name)
+        if type(None) in typing.get_args(hint):  # ``X | None``: null, or a value checked as X
+            if value is None:
+                continue
+            others = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = others[0] if len(others) == 1 else hint
+        expected, ranges = _unwrap(hint)
         key = f"{where}{name}"
         dotted = f"{path if path is not None else where}{name}"
         default = (defaults or {}).get(name, MISSING)

@@ -184,6 +184,9 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
         source_splits=d.source_splits,
         pool_splits=d.pool_splits,
         partition_seeding=d.partition_seeding,
+        partition_per_group=d.partition_per_group,
+        client_val_fraction=d.client_val_fraction,
+        client_val_seed=d.client_val_seed,
     )
     if from_train:  # statistics of the training clients' train splits only (a tuning run)
         rows = torch.cat([fed.clients[c].splits["train"] for c in fed.train_clients])

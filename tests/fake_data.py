@@ -18,6 +18,7 @@ exactly where :mod:`pfl_core.data` looks for them:
 * :func:`write_cinic10`: CINIC-10 PNG folders (``CINIC-10/{train,valid,test}/<class>/*.png``);
 * :func:`write_miniimagenet`: learn2learn's mini-ImageNet cache pickles
   (``mini-imagenet/mini-imagenet-cache-{train,validation,test}.pkl``);
+* :func:`write_cifar10c`: CIFAR-10-C ``.npy`` files (``CIFAR-10-C/<corruption>.npy``, ``labels.npy``);
 * :func:`write_all`: everything every suite's ``smoke`` profile reads, sized for it (see there).
 """
 from __future__ import annotations
@@ -389,3 +390,22 @@ def write_metavers(root: Path) -> dict:
     write_cinic10(root, per_class=s["cinic_per_class"])
     write_miniimagenet(root, classes=s["mini_classes"], per_class=s["mini_per_class"])
     return md5s
+
+
+def write_cifar10c(root: Path, corruptions: tuple[str, ...], per_severity: int, seed: int = 0) -> np.ndarray:
+    """CIFAR-10-C in the release's layout: ``root/CIFAR-10-C/<corruption>.npy`` (5 * per_severity, 32,
+    32, 3) uint8 and ``labels.npy``. Each severity block holds the same labels (a shuffled balanced
+    set, as the release repeats the CIFAR-10 test labels); pixel (0, 0) of row r of corruption k is
+    (r % 256, r // 256, k), so a test can tell which row of which file an image came from. Returns
+    the labels."""
+    folder = root / "CIFAR-10-C"
+    folder.mkdir(parents=True, exist_ok=True)
+    block = np.random.default_rng(seed).permutation(np.arange(per_severity) % 10).astype(np.uint8)
+    labels = np.tile(block, 5)
+    np.save(folder / "labels.npy", labels)
+    rows = np.arange(len(labels))
+    for k, name in enumerate(corruptions):
+        images = fake_images(len(labels), (32, 32, 3), seed=seed + k + 1)
+        images[:, 0, 0] = np.stack([rows % 256, rows // 256, np.full_like(rows, k)], axis=1)
+        np.save(folder / f"{name}.npy", images)
+    return labels

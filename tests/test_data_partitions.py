@@ -39,7 +39,7 @@ CASES = {
     "iid": (100, {}),
     "shards": (100, {}),
     "dirichlet": (100, {"alpha": 0.3}),
-    "lda": (100, {"alpha": 0.5}),
+    "lda": (100, {"alpha": 0.5, "seed": None}),  # seed None: the run's stream (test_data_lda.py: fixed seed)
     "classes_per_client": (50, {"classes_per_client": 2}),
     "rotation_groups": (100, {"num_groups": 10}),
 }

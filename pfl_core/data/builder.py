@@ -17,7 +17,7 @@ from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.data.partitions import PARTITIONERS, two_phase
 from pfl_core.data.partitions import partition as run_partition
 from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of
-from pfl_core.data.splits import split_indices, split_seen_unseen
+from pfl_core.data.splits import client_val_split, split_indices, split_seen_unseen
 from pfl_core.seeding import RunStreams
 
 
@@ -45,9 +45,11 @@ def check_sources(data: DataConfig) -> None:
             raise ConfigError(f"{key}: dataset {data.dataset!r} has the splits {splits}, not {name!r}", key)
     partition = data.partition.get("name") if isinstance(data.partition, dict) else None
     several = len(set(data.source_splits.values())) > 1
-    if (several or data.partition_seeding == "reseed") and partition in PARTITIONERS and not two_phase(partition):
+    needs_two = several or data.partition_seeding == "reseed" or data.partition_per_group
+    if needs_two and partition in PARTITIONERS and not two_phase(partition):
         two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
-        key = "data.source_splits" if several else "data.partition_seeding"
+        key = ("data.source_splits" if several else
+               "data.partition_per_group" if data.partition_per_group else "data.partition_seeding")
         raise ConfigError(f"{key} needs a partitioner that applies one class assignment to several splits "
                           f"({two}), not {partition!r}", key)
 
@@ -69,6 +71,9 @@ def build_federated(
     source_splits: dict[str, str] | None = None,
     pool_splits: list[str] = (),
     partition_seeding: str = "streams",
+    partition_per_group: bool = False,
+    client_val_fraction: float = 0.0,
+    client_val_seed: int = 1,
 ) -> FederatedData:
     """Partition ``dataset`` among ``num_clients`` clients and split each client's indices.
 
@@ -93,14 +98,20 @@ def build_federated(
     source splits under one class assignment (:func:`source_split_clients`); ``client_splits`` is
     then unused. ``pool_splits`` are source splits kept whole in ``FederatedData.pools``.
     ``partition_seeding`` is ``streams`` (the ``partition`` stream) or ``reseed`` (the MetaVers
-    code's re-seeding with the run seed, :func:`partition_rngs`).
+    code's re-seeding with the run seed, :func:`partition_rngs`). ``partition_per_group`` partitions
+    each of the dataset's groups (corruption, domain) on its own under one assignment
+    (:func:`~pfl_core.data.partitions.partition_sources`); ``Client.meta["group"]`` names the group.
+
+    ``client_val_fraction`` > 0 then cuts each client's ``train`` split into ``train`` and ``val``
+    (:func:`~pfl_core.data.splits.client_val_split`, generator seeded ``client_val_seed``).
     """
     labels = dataset.labels_numpy()
     groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
     pools = {name: torch.as_tensor(dataset.source_rows(name)) for name in pool_splits}
     if source_splits:
         clients = source_split_clients(dataset, num_clients, partition, partition_params, source_splits,
-                                       *partition_rngs(partition_seeding, streams))
+                                       *partition_rngs(partition_seeding, streams), per_group=partition_per_group)
+        clients = cut_client_val(clients, client_val_fraction, client_val_seed)
         return _federated(dataset, clients, unseen_fraction, validation_fraction, streams, 1, pools)
     partition_rng, split_rng = streams.numpy("partition"), streams.numpy("split")
     reseed = partition_rngs(partition_seeding, streams) if partition_seeding == "reseed" else None
@@ -119,6 +130,7 @@ def build_federated(
             f"data.redraw_short_clients: after {max_draws} partitions, client {short[0]} still has fewer than "
             f"{min_train_size} train samples (partition {partition!r} may be fixed, e.g. natural): run other "
             f"seeds, or turn the switch off to keep one short batch")
+    clients = cut_client_val(clients, client_val_fraction, client_val_seed)
     return _federated(dataset, clients, unseen_fraction, validation_fraction, streams, draw, pools)
 
 
@@ -152,27 +164,59 @@ def partition_rngs(seeding: str, streams: RunStreams) -> tuple:
 
 
 def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str, partition_params: dict,
-                         source_splits: dict[str, str], assign_rng, split_rng: Callable) -> list[Client]:
+                         source_splits: dict[str, str], assign_rng, split_rng: Callable,
+                         per_group: bool = False) -> list[Client]:
     """Clients whose splits come from different source splits of ``dataset`` with ONE class
     assignment (MetaVers spec, "Client split": Step A once, Step B per source split): client split
     ``name`` of client i is client i's part of source split ``source_splits[name]``, whole. With a
-    single source split any partitioner serves (e.g. ``shards`` on the novel-class ``train`` split)."""
+    single source split any partitioner serves (e.g. ``shards`` on the novel-class ``train`` split).
+    ``per_group``: each of the dataset's groups on its own, clients g*m .. g*m+m-1 in group g."""
     labels = dataset.labels_numpy()
     sources = list(dict.fromkeys(source_splits.values()))
     rows = {s: dataset.source_rows(s) for s in sources}
-    if len(sources) == 1 and not two_phase(partition):  # one source split: any partitioner
+    groups = None
+    if per_group:
+        if dataset.groups is None:
+            raise ValueError(f"data.partition_per_group: dataset {dataset.name!r} has no groups")
+        every = dataset.groups.cpu().numpy()
+        groups = {s: every[rows[s]] for s in sources}
+    if len(sources) == 1 and not two_phase(partition) and groups is None:  # one source split: any partitioner
         parts = {sources[0]: run_partition(partition, labels[rows[sources[0]]], num_clients, assign_rng,
                                            **partition_params)}
     else:
         parts = partition_sources(partition, {s: labels[rows[s]] for s in sources}, num_clients, assign_rng,
-                                  split_rng, **partition_params)
+                                  split_rng, groups=groups, **partition_params)
+    ids = np.unique(np.concatenate(list(groups.values()))) if groups is not None else None
     clients = []
     for cid in range(num_clients):
         own = {s: rows[s][parts[s][cid]] for s in sources}
         splits = {name: torch.as_tensor(own[s], dtype=torch.int64) for name, s in source_splits.items()}
         meta = {"n": int(sum(len(v) for v in own.values())), **{f"n_{s}": int(len(v)) for s, v in own.items()}}
+        if ids is not None:  # clients g*m .. g*m+m-1 form group g (partition_sources)
+            meta["group"] = group_label(dataset, int(ids[cid // (num_clients // len(ids))]))
         clients.append(Client(cid, splits, meta))
     return clients
+
+
+def group_label(dataset: ArrayDataset, group: int) -> str | int:
+    """The name of group id ``group`` (``ArrayDataset.group_names``: a corruption, a domain), else the id."""
+    return dataset.group_names[group] if dataset.group_names else group
+
+
+def cut_client_val(clients: list[Client], fraction: float, seed: int) -> list[Client]:
+    """Each client's ``train`` split cut into ``train`` and ``val`` (:func:`client_val_split`);
+    ``fraction`` 0 leaves the clients as they are."""
+    if not fraction:
+        return clients
+    out = []
+    for client in clients:
+        if "train" not in client.splits or "val" in client.splits:
+            raise ValueError(f"data.client_val_fraction: client {client.cid} needs a 'train' split and no 'val' "
+                             f"split, it has {sorted(client.splits)}")
+        train, val = client_val_split(client.splits["train"].numpy(), fraction, seed)
+        splits = {**client.splits, "train": torch.as_tensor(train), "val": torch.as_tensor(val)}
+        out.append(Client(client.cid, splits, dict(client.meta)))
+    return out
 
 
 def short_train_clients(clients: list[Client], batch_size: int) -> list[int]:

@@ -18,10 +18,12 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
+from pfl_core.augment import FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD
 from pfl_core.config import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
+from pfl_core.data.splits import seeded_random_split
 from pfl_core.registry import Registry
 
 Loader = Callable[..., ArrayDataset]
@@ -88,7 +90,7 @@ def concat_sources(parts: list[ArrayDataset], sources: list[str]) -> ArrayDatase
     return ArrayDataset(
         name=first.name, x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]),
         num_classes=max(p.num_classes for p in parts), groups=groups, mean=first.mean, std=first.std,
-        offline=first.offline, source=tags, sources=tuple(sources),
+        offline=first.offline, source=tags, sources=tuple(sources), group_names=first.group_names,
         description="; ".join(p.description for p in parts),
     )
 
@@ -205,25 +207,28 @@ def emnist(data_dir: Path, split: str, download: bool, emnist_split: str = "bycl
     )
 
 
-MeanStd = Literal["none", "metavers"]
+MeanStd = Literal["none", "metavers", "fedl2p"]
 """A loader's ``mean_std``: ``none`` leaves inputs in [0, 1]; ``metavers`` is ToTensor then the
-per-channel Normalize of the MetaVers code (MetaVers spec, "Transforms"; its ``get_datasets``)."""
+per-channel Normalize of the MetaVers code (MetaVers spec, "Transforms"; its ``get_datasets``);
+``fedl2p`` the FedL2P code's CIFAR-10 / CIFAR-10-C Normalize (FedL2P spec, "Transforms")."""
 
 METAVERS_MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "cinic10": ((0.47889522, 0.47227842, 0.43047404), (0.24205776, 0.23828046, 0.25874835)),
 }
+FEDL2P_MEAN_STD = {name: (FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD) for name in ("cifar10", "cifar10c")}
+MEAN_STD = {"metavers": METAVERS_MEAN_STD, "fedl2p": FEDL2P_MEAN_STD}
 
 
 def mean_std_of(name: str, mean_std: str) -> dict:
     """``{mean, std}`` for :class:`ArrayDataset` under the loader setting ``mean_std``."""
     if mean_std == "none":
         return {}
-    if mean_std != "metavers" or name not in METAVERS_MEAN_STD:
-        raise ValueError(f"dataset {name!r}: data.params.mean_std must be one of ['none', 'metavers'], "
-                         f"got {mean_std!r}")
-    mean, std = METAVERS_MEAN_STD[name]
+    if name not in MEAN_STD.get(mean_std, {}):
+        allowed = ["none", *(k for k, table in MEAN_STD.items() if name in table)]
+        raise ValueError(f"dataset {name!r}: data.params.mean_std must be one of {allowed}, got {mean_std!r}")
+    mean, std = MEAN_STD[mean_std][name]
     return {"mean": mean, "std": std}
 
 
@@ -234,9 +239,8 @@ def train_val_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.nd
     (train, val) positions in that permutation's order (the order of the code's ``Subset``)."""
     if not 0 < val_size < n:
         raise ValueError(f"data.params.val_size must be in (0, {n}) for a training set of {n}, got {val_size}")
-    generator = torch.Generator().manual_seed(seed)
-    train, val = torch.utils.data.random_split(range(n), [n - val_size, val_size], generator=generator)
-    return np.asarray(train.indices, dtype=np.int64), np.asarray(val.indices, dtype=np.int64)
+    train, val = seeded_random_split(n, [n - val_size, val_size], seed)
+    return train, val
 
 
 def _cifar(

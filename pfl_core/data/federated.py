@@ -31,6 +31,7 @@ class ArrayDataset:
         source, sources: for a dataset joined from several of its splits
             (:func:`~pfl_core.data.datasets.load_sources`), ``sources[source[i]]`` is the split row
             i came from (e.g. ``("train", "val", "test")``); None and () for one split.
+        group_names: the name of each group id, when the groups have names.
     """
 
     name: str
@@ -44,6 +45,8 @@ class ArrayDataset:
     description: str = ""
     source: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
+    group_names: tuple[str, ...] = ()
+    """Optional name of each group id (``group_names[g]``: a corruption, a domain); () for none."""
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
@@ -82,17 +85,27 @@ class ArrayDataset:
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
+        x, y = self.raw_batch(index)
+        return self.normalize(x), y
+
+    def raw_batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``index`` scaled to [0, 1] but not normalised: the input of an augmentation that
+        normalises after cropping (``pfl_core.augment``; the FedL2P code's ToTensor batches)."""
         x = self.x[index]
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
+        return x, self.y[index]
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (in [0, 1]) with this dataset's ``mean`` / ``std`` applied, if it has them."""
         if isinstance(self.mean, torch.Tensor):
-            x = (x - self.mean) / self.std
-        elif self.mean is not None:
+            return (x - self.mean) / self.std
+        if self.mean is not None:
             shape = (1, -1) + (1,) * (x.dim() - 2)
             mean = torch.tensor(self.mean, device=x.device).view(shape)
             std = torch.tensor(self.std, device=x.device).view(shape)
-            x = (x - mean) / std
-        return x, self.y[index]
+            return (x - mean) / std
+        return x
 
     def labels_numpy(self) -> np.ndarray:
         return self.y.cpu().numpy()

@@ -14,6 +14,7 @@ from typing import Callable, Union
 import numpy as np
 
 from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.data.lda import lda_apply, lda_plan
 from pfl_core.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
@@ -21,8 +22,6 @@ ShuffleRng = Union[np.random.Generator, np.random.RandomState, random.Random]
 """A generator that can shuffle: numpy's (``permutation``) or Python's (``shuffle``, the MetaVers
 code's ``random.shuffle`` after ``random.seed(seed)``)."""
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
-
-_LDA_EPS = 1e-5
 
 
 def _int64_list(parts: list[np.ndarray]) -> list[np.ndarray]:
@@ -113,72 +112,33 @@ def dirichlet(
     )
 
 
-def _lda_fill(
-    need: int,
-    row: int,
-    probs: np.ndarray,
-    remaining: np.ndarray,
-    rng: np.random.Generator,
-) -> np.ndarray:
-    """Class of each of ``need`` sequential draws for client ``row`` (see :func:`lda`).
-
-    Draws are made in blocks; a block is kept up to the draw that exhausts a class, that class is
-    removed from every row (``probs`` and ``remaining`` are updated in place), and the rest of the
-    block is redrawn. This has the same distribution as drawing one sample at a time.
-    """
-    out: list[np.ndarray] = []
-    while need > 0:
-        draws = rng.choice(len(remaining), size=need, p=probs[row])
-        stop = need
-        for c in np.unique(draws):
-            pos = np.flatnonzero(draws == c)
-            if len(pos) >= remaining[c]:
-                stop = min(stop, int(pos[remaining[c] - 1]) + 1)
-        kept = draws[:stop]
-        remaining -= np.bincount(kept, minlength=len(remaining))
-        out.append(kept)
-        need -= stop
-        if np.any(remaining[kept] == 0) and remaining.any():
-            exhausted = remaining == 0
-            probs[:, exhausted] = 0.0
-            probs[:, ~exhausted] += _LDA_EPS
-            probs /= probs.sum(axis=1, keepdims=True)
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
 @PARTITIONERS.register("lda")
 def lda(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, alpha: PositiveFloat = 1.0
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    *,
+    alpha: PositiveFloat = 1.0,
+    seed: NonNegativeInt | None = 1,
 ) -> list[np.ndarray]:
-    """flwr ``create_lda_partitions`` with equal client sizes (fedl2p.md, "Partitioning by LDA").
+    """flwr ``create_lda_partitions`` at index-level parity (fedl2p.md, "Partitioning by LDA";
+    :mod:`pfl_core.data.lda`): equal client sizes (sample j counts toward client j mod N), one
+    Dirichlet row p_i ~ Dir(alpha * 1_K) per client, clients filled in order by drawing a class
+    with ``multinomial(1, p_i)`` and popping that class's last remaining sample; an exhausted class
+    gets probability 0 and eps = 1e-5 is added to the others before renormalising.
 
-    Shuffle, then stable-sort by label. Client sizes: sample j counts toward client j mod N. One
-    Dirichlet row p_i ~ Dir(alpha * 1_K) per client. Clients are filled in order by drawing a class
-    from p_i and taking the next unused sample of that class. An exhausted class gets probability 0
-    in every row; as in flwr, eps=1e-5 is added to the remaining classes before renormalising, so a
-    row whose mass was only on exhausted classes becomes uniform over the remaining ones.
-    Deviation: one generator serves the shuffle, the Dirichlet matrix and the draws (flwr seeds
-    separate generators).
+    ``seed``: the partition's own seed, independent of the run seed. The FedL2P code draws the
+    Dirichlet matrix from ``default_rng(1)`` and shuffles and draws with ``np.random`` after
+    ``np.random.seed(1)``, so its three runs share one partition; 1 (default) reproduces it.
+    ``null``: everything from ``rng``, the run's partition stream (each run seed its own partition).
     """
-    n = len(labels)
-    perm = rng.permutation(n)
-    order = perm[np.argsort(labels[perm], kind="stable")]
-    classes, starts = np.unique(labels[order], return_index=True)
-    pools = np.split(order, starts[1:])
-    remaining = np.array([len(p) for p in pools], dtype=np.int64)
-    taken = np.zeros(len(classes), dtype=np.int64)
-    sizes = np.bincount(np.arange(n) % num_clients, minlength=num_clients)
-    probs = rng.dirichlet(np.full(len(classes), alpha), size=num_clients)
-    parts = []
-    for i in range(num_clients):
-        draws = _lda_fill(int(sizes[i]), i, probs, remaining, rng)
-        client = np.empty(len(draws), dtype=np.int64)
-        for c in np.unique(draws):
-            pos = np.flatnonzero(draws == c)
-            client[pos] = pools[c][taken[c] : taken[c] + len(pos)]
-            taken[c] += len(pos)
-        parts.append(client)
-    return parts
+    plan = lda_plan(labels, num_clients, rng, alpha=alpha, seed=seed)
+    return lda_apply(labels, plan, rng)
+
+
+lda.phases = (lda_plan, lda_apply)
+"""Two-phase form: one Dirichlet matrix (and one running numpy stream) for train, val and test, as
+the code reuses the training partition's matrix for the test partition (spec, step 5)."""
 
 
 def assign_classes(
@@ -377,19 +337,41 @@ def partition_sources(
     num_clients: int,
     assign_rng: np.random.Generator | np.random.RandomState,
     split_rng: Callable[[str], ShuffleRng],
+    groups: dict[str, np.ndarray] | None = None,
     **params: object,
 ) -> dict[str, list[np.ndarray]]:
     """Partition several source splits (name -> its labels) with ONE assignment of classes to
     clients: the partitioner's first phase once, on the first split's labels, with ``assign_rng``;
     its second phase on each split, in order, with ``split_rng(split)``. Returns each split's
     per-client indices (into that split's labels). MetaVers spec, "Client split": Step A once,
-    Step B per split."""
+    Step B per split.
+
+    ``groups`` (split -> one group id per sample: corruption, domain) partitions every group on its
+    own among ``num_clients / G`` clients, group by group in id order and split by split inside a
+    group (clients g*m .. g*m+m-1 form group g), all under the one assignment: the FedL2P code's
+    CIFAR-10-C and DomainNet re-draw the Dirichlet matrix per group from ``default_rng(1)``, i.e.
+    the same matrix for every group (FedL2P spec diff 14), while numpy's global stream runs on."""
     fn = _checked_params(name, num_clients, params)
     if not hasattr(fn, "phases"):
         two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
         raise ValueError(f"partitioner {name!r} cannot apply one assignment to several splits "
-                         f"(data.source_splits, data.partition_seeding: reseed); use one of {two}")
+                         f"(data.source_splits, data.partition_seeding: reseed, data.partition_per_group); "
+                         f"use one of {two}")
     assign, apply = fn.phases
-    first = np.asarray(next(iter(labels.values())))
-    assignment = assign(first, num_clients, assign_rng, **params)
-    return {split: apply(np.asarray(y), assignment, split_rng(split)) for split, y in labels.items()}
+    labels = {split: np.asarray(y) for split, y in labels.items()}
+    first = next(iter(labels.values()))
+    if groups is None:
+        assignment = assign(first, num_clients, assign_rng, **params)
+        return {split: apply(y, assignment, split_rng(split)) for split, y in labels.items()}
+    ids = np.unique(np.concatenate([np.asarray(g) for g in groups.values()]))
+    if num_clients % len(ids):
+        raise ValueError(f"partitioner {name!r} per group: num_clients={num_clients} is not a multiple of "
+                         f"the {len(ids)} groups")
+    first_groups = np.asarray(next(iter(groups.values())))
+    assignment = assign(first[first_groups == ids[0]], num_clients // len(ids), assign_rng, **params)
+    out: dict[str, list[np.ndarray]] = {split: [] for split in labels}
+    for group in ids:
+        for split, y in labels.items():
+            rows = np.flatnonzero(np.asarray(groups[split]) == group)
+            out[split] += [rows[part] for part in apply(y[rows], assignment, split_rng(split))]
+    return out

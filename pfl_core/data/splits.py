@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def split_indices(
@@ -42,3 +43,22 @@ def split_seen_unseen(
     unseen = set(rng.choice(num_clients, size=num_unseen, replace=False).tolist())
     seen = [c for c in range(num_clients) if c not in unseen]
     return seen, sorted(unseen)
+
+
+def seeded_random_split(n: int, sizes: list[int], seed: int) -> list[np.ndarray]:
+    """``torch.utils.data.random_split(range(n), sizes, generator=torch.Generator().manual_seed(seed))``:
+    one ``randperm(n)`` of a fresh seeded CPU generator cut into consecutive parts; each part's
+    positions in that permutation's order (the order of the code's ``Subset``)."""
+    generator = torch.Generator().manual_seed(seed)
+    parts = torch.utils.data.random_split(range(n), sizes, generator=generator)
+    return [np.asarray(part.indices, dtype=np.int64) for part in parts]
+
+
+def client_val_split(indices: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) of one client's training indices as the FedL2P CIFAR-10 loader cuts them
+    (FedL2P spec, "CIFAR-10": val = int(fraction * n), ``random_split`` with a generator seeded
+    ``seed`` = 1, the same cut in every round and every run; 50 samples give 40 / 10)."""
+    indices = np.asarray(indices, dtype=np.int64)
+    val = int(fraction * len(indices))
+    train, held = seeded_random_split(len(indices), [len(indices) - val, val], seed)
+    return indices[train], indices[held]
