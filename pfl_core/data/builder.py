@@ -5,6 +5,7 @@ Each step has its own random stream (``partition``, ``split``, ``unseen``; see
 """
 from __future__ import annotations
 
+import copy
 import random
 from typing import Callable
 
@@ -16,7 +17,7 @@ from pfl_core.data.datasets import loader_splits
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.data.partitions import PARTITIONERS, two_phase
 from pfl_core.data.partitions import partition as run_partition
-from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of
+from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of, takes_groups
 from pfl_core.data.splits import split_indices, split_seen_unseen
 from pfl_core.seeding import RunStreams
 
@@ -45,8 +46,9 @@ def check_sources(data: DataConfig) -> None:
             raise ConfigError(f"{key}: dataset {data.dataset!r} has the splits {splits}, not {name!r}", key)
     partition = data.partition.get("name") if isinstance(data.partition, dict) else None
     several = len(set(data.source_splits.values())) > 1
-    if (several or data.partition_seeding == "reseed") and partition in PARTITIONERS and not two_phase(partition):
-        two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
+    if (several or data.partition_seeding == "reseed") and partition in PARTITIONERS and not two_phase(partition) \
+            and not (several and takes_groups(partition)):
+        two = sorted(n for n in PARTITIONERS.names() if two_phase(n) or takes_groups(n))
         key = "data.source_splits" if several else "data.partition_seeding"
         raise ConfigError(f"{key} needs a partitioner that applies one class assignment to several splits "
                           f"({two}), not {partition!r}", key)
@@ -124,8 +126,17 @@ def build_federated(
 
 def _federated(dataset: ArrayDataset, clients: list[Client], unseen_fraction: float, validation_fraction: float,
                streams: RunStreams, draws: int, pools: dict[str, torch.Tensor]) -> FederatedData:
-    """The clients with their roles: unseen (test) clients first, then validation clients."""
-    seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
+    """The clients with their roles: unseen (test) clients first (the dataset's own
+    ``unseen_groups``, else a random ``unseen_fraction``), then validation clients."""
+    if dataset.unseen_groups:
+        if unseen_fraction:
+            raise ValueError(f"dataset {dataset.name!r} holds its own unseen clients (groups "
+                             f"{list(dataset.unseen_groups)[:3]}...): set data.unseen_fraction to 0")
+        held = set(dataset.unseen_groups)
+        unseen = [c.cid for c in clients if c.meta.get("group") in held]
+        seen = [c.cid for c in clients if c.meta.get("group") not in held]
+    else:
+        seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
     train, validation = seen, []
     if validation_fraction:
         kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
@@ -158,9 +169,15 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
     ``name`` of client i is client i's part of source split ``source_splits[name]``, whole. With a
     single source split any partitioner serves (e.g. ``shards`` on the novel-class ``train`` split)."""
     labels = dataset.labels_numpy()
+    groups = dataset.groups.cpu().numpy() if dataset.groups is not None else None
     sources = list(dict.fromkeys(source_splits.values()))
     rows = {s: dataset.source_rows(s) for s in sources}
-    if len(sources) == 1 and not two_phase(partition):  # one source split: any partitioner
+    if takes_groups(partition):  # e.g. lda_per_group: each split cut alike, from one generator state
+        state = copy.deepcopy(assign_rng)
+        parts = {s: run_partition(partition, labels[rows[s]], num_clients, copy.deepcopy(state),
+                                  groups=None if groups is None else groups[rows[s]], **partition_params)
+                 for s in sources}
+    elif len(sources) == 1 and not two_phase(partition):  # one source split: any partitioner
         parts = {sources[0]: run_partition(partition, labels[rows[sources[0]]], num_clients, assign_rng,
                                            **partition_params)}
     else:
@@ -171,6 +188,10 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
         own = {s: rows[s][parts[s][cid]] for s in sources}
         splits = {name: torch.as_tensor(own[s], dtype=torch.int64) for name, s in source_splits.items()}
         meta = {"n": int(sum(len(v) for v in own.values())), **{f"n_{s}": int(len(v)) for s, v in own.items()}}
+        if groups is not None and takes_groups(partition):
+            (group,) = _client_groups(partition, partition_params, [np.concatenate(list(own.values()))], groups)
+            if group is not None:
+                meta["group"] = group
         clients.append(Client(cid, splits, meta))
     return clients
 
