@@ -20,7 +20,7 @@ from pfl_core.data.partitions import (
 )
 from pfl_core.data.splits import split_indices, split_seen_unseen
 from pfl_core.data import (  # noqa: F401  (register datasets and partitioners)
-    cgpfl_split, cinic, domains, femnist, group_lda, metadataset, novel_class, rmnist,
+    cgpfl_split, cinic, domains, femnist, group_lda, metadataset, novel_class, rmnist, speech_commands,
 )
 
 __all__ = [
