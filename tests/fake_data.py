@@ -409,3 +409,88 @@ def write_cifar10c(root: Path, corruptions: tuple[str, ...], per_severity: int, 
         images[:, 0, 0] = np.stack([rows % 256, rows // 256, np.full_like(rows, k)], axis=1)
         np.save(folder / f"{name}.npy", images)
     return labels
+
+
+def write_fedbn_domains(root: Path, name: str, train: dict[str, int] | None = None, test: int = 4,
+                        size: int = 12) -> dict[str, dict[str, tuple[list[str], list[str]]]]:
+    """FedBN's layout for ``name`` (``office_caltech10`` or ``domainnet``) under ``root``: per domain
+    ``<folder>/<domain>_{train,test}.pkl`` = (paths starting with the folder name, text labels) and
+    the images at ``<folder>/<domain>/<class>/<part>_<k>.png``. ``train`` maps a domain to its train
+    count (default 50 + 5 per domain index), labels cycling through the classes; the first domain's
+    images are grayscale (mode L), the last's RGBA, the others RGB, each ``size`` x (``size`` + 4)
+    pixels of one colour that encodes the image's row (red = k, green = 20 x class, blue = 100 for
+    train and 150 for test). Returns the written lists."""
+    import pickle
+
+    from PIL import Image
+
+    from pfl_core.data.domains import DOMAINNET, OFFICE
+
+    spec = {"office_caltech10": OFFICE, "domainnet": DOMAINNET}[name]
+    folder = root / spec.folder
+    train = train or {d: 50 + 5 * g for g, d in enumerate(spec.domains)}
+    written = {}
+    for g, domain in enumerate(spec.domains):
+        written[domain] = {}
+        for part, count in (("train", train[domain]), ("test", test)):
+            paths, labels = [], []
+            for k in range(count):
+                label = spec.classes[k % len(spec.classes)]
+                rgb = np.zeros((size, size + 4, 3), dtype=np.uint8)
+                rgb[..., 0], rgb[..., 1], rgb[..., 2] = k, spec.classes.index(label) * 20, 100 + 50 * (part == "test")
+                image = Image.fromarray(rgb)
+                if g == 0:
+                    image = image.convert("L")
+                elif g == len(spec.domains) - 1:
+                    image = image.convert("RGBA")
+                rel = Path(domain) / label / f"{part}_{k}.png"
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                image.save(folder / rel)
+                paths.append(f"{spec.folder}/{rel.as_posix()}")
+                labels.append(label)
+            with open(folder / f"{domain}_{part}.pkl", "wb") as f:
+                pickle.dump((paths, labels), f)
+            written[domain][part] = (paths, labels)
+    return written
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> None:
+    """A 16-bit PCM mono WAV of float ``samples`` in [-1, 1)."""
+    import wave
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(rate)
+        f.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
+
+
+def write_speech_commands(root: Path, train_speakers: dict[str, int] | None = None,
+                          held_speakers: dict[str, tuple[str, int]] | None = None,
+                          words: tuple[str, ...] = ("yes", "no", "bed"), clip: int = 1600, noise: int = 20000,
+                          seed: int = 0) -> Path:
+    """Speech Commands v2's layout under ``root/speech_commands_v0.02``: ``<word>/<speaker>_nohash_<k>.wav``
+    for every word and speaker (``train_speakers``: id -> utterances per word; ``held_speakers``: id ->
+    (``val`` or ``test``, utterances per word), listed in ``validation_list.txt`` / ``testing_list.txt``),
+    the six ``_background_noise_`` files of ``noise`` samples. Clips are ``clip`` samples of noise (the
+    3rd utterance of a word half as long), at 16 kHz. Returns the dataset folder."""
+    from pfl_core.data.speech_commands import FOLDER, NOISE_FILES, NOISE_FOLDER
+
+    rng = np.random.default_rng(seed)
+    folder = root / FOLDER
+    train_speakers = train_speakers or {"aa000001": 6, "bb000002": 4, "cc000003": 5}
+    held_speakers = held_speakers or {"dd000004": ("val", 5), "ee000005": ("test", 6), "ff000006": ("test", 4)}
+    lists: dict[str, list[str]] = {"val": [], "test": []}
+    for speaker, (role, count) in [*((s, ("train", c)) for s, c in train_speakers.items()), *held_speakers.items()]:
+        for word in words:
+            for k in range(count):
+                rel = f"{word}/{speaker}_nohash_{k}.wav"
+                write_wav(folder / rel, 0.1 * rng.standard_normal(clip // 2 if k == 2 else clip))
+                if role != "train":
+                    lists[role].append(rel)
+    (folder / "validation_list.txt").write_text("\n".join(lists["val"]) + "\n")
+    (folder / "testing_list.txt").write_text("\n".join(lists["test"]) + "\n")
+    for name in NOISE_FILES:
+        write_wav(folder / NOISE_FOLDER / name, 0.5 * rng.uniform(-1, 1, noise))
+    return folder

@@ -19,7 +19,9 @@ from pfl_core.data.partitions import (
     split_by_assignment,
 )
 from pfl_core.data.splits import split_indices, split_seen_unseen
-from pfl_core.data import cgpfl_split, cifar10c, cinic, femnist, metadataset, novel_class, rmnist  # noqa: F401  (register datasets)
+from pfl_core.data import (  # noqa: F401  (register datasets)
+    cgpfl_split, cifar10c, cinic, domains, femnist, metadataset, novel_class, rmnist, speech_commands,
+)
 
 __all__ = [
     "ArrayDataset",

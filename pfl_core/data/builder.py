@@ -5,6 +5,8 @@ Each step has its own random stream (``partition``, ``split``, ``unseen``; see
 """
 from __future__ import annotations
 
+import copy
+
 import random
 from typing import Callable
 
@@ -16,7 +18,7 @@ from pfl_core.data.datasets import loader_splits
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.data.partitions import PARTITIONERS, two_phase
 from pfl_core.data.partitions import partition as run_partition
-from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of
+from pfl_core.data.partitions import partition_sources, partitioner_params, rotation_group_of, takes_groups
 from pfl_core.data.splits import client_val_split, split_indices, split_seen_unseen
 from pfl_core.seeding import RunStreams
 
@@ -46,7 +48,8 @@ def check_sources(data: DataConfig) -> None:
     partition = data.partition.get("name") if isinstance(data.partition, dict) else None
     several = len(set(data.source_splits.values())) > 1
     needs_two = several or data.partition_seeding == "reseed" or data.partition_per_group
-    if needs_two and partition in PARTITIONERS and not two_phase(partition):
+    if needs_two and partition in PARTITIONERS and not two_phase(partition) \
+            and not (several and takes_groups(partition)):
         two = sorted(n for n in PARTITIONERS.names() if two_phase(n))
         key = ("data.source_splits" if several else
                "data.partition_per_group" if data.partition_per_group else "data.partition_seeding")
@@ -136,8 +139,17 @@ def build_federated(
 
 def _federated(dataset: ArrayDataset, clients: list[Client], unseen_fraction: float, validation_fraction: float,
                streams: RunStreams, draws: int, pools: dict[str, torch.Tensor]) -> FederatedData:
-    """The clients with their roles: unseen (test) clients first, then validation clients."""
-    seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
+    """The clients with their roles: unseen (test) clients first (the dataset's own
+    ``unseen_groups``, else a random ``unseen_fraction``), then validation clients."""
+    if dataset.unseen_groups:
+        if unseen_fraction:
+            raise ValueError(f"dataset {dataset.name!r} holds its own unseen clients (groups "
+                             f"{list(dataset.unseen_groups)[:3]}...): set data.unseen_fraction to 0")
+        held = set(dataset.unseen_groups)
+        unseen = [c.cid for c in clients if c.meta.get("group") in held]
+        seen = [c.cid for c in clients if c.meta.get("group") not in held]
+    else:
+        seen, unseen = split_seen_unseen(len(clients), unseen_fraction, streams.numpy("unseen"))
     train, validation = seen, []
     if validation_fraction:
         kept, held = split_seen_unseen(len(seen), validation_fraction, streams.numpy("validation"))
@@ -180,7 +192,15 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
             raise ValueError(f"data.partition_per_group: dataset {dataset.name!r} has no groups")
         every = dataset.groups.cpu().numpy()
         groups = {s: every[rows[s]] for s in sources}
-    if len(sources) == 1 and not two_phase(partition) and groups is None:  # one source split: any partitioner
+    natural = None
+    if takes_groups(partition):  # natural (speakers): every split cut alike, from one generator state
+        if dataset.groups is None:
+            raise ValueError(f"partitioner {partition!r}: dataset {dataset.name!r} has no groups")
+        natural = dataset.groups.cpu().numpy()
+        state = copy.deepcopy(assign_rng)
+        parts = {s: run_partition(partition, labels[rows[s]], num_clients, copy.deepcopy(state),
+                                  groups=natural[rows[s]], **partition_params) for s in sources}
+    elif len(sources) == 1 and not two_phase(partition) and groups is None:  # one source split: any partitioner
         parts = {sources[0]: run_partition(partition, labels[rows[sources[0]]], num_clients, assign_rng,
                                            **partition_params)}
     else:
@@ -194,6 +214,10 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
         meta = {"n": int(sum(len(v) for v in own.values())), **{f"n_{s}": int(len(v)) for s, v in own.items()}}
         if ids is not None:  # clients g*m .. g*m+m-1 form group g (partition_sources)
             meta["group"] = group_label(dataset, int(ids[cid // (num_clients // len(ids))]))
+        elif natural is not None:
+            (group,) = _client_groups(partition, partition_params, [np.concatenate(list(own.values()))], natural)
+            if group is not None:
+                meta["group"] = group
         clients.append(Client(cid, splits, meta))
     return clients
 

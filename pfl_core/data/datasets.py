@@ -91,6 +91,8 @@ def concat_sources(parts: list[ArrayDataset], sources: list[str]) -> ArrayDatase
         name=first.name, x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]),
         num_classes=max(p.num_classes for p in parts), groups=groups, mean=first.mean, std=first.std,
         offline=first.offline, source=tags, sources=tuple(sources), group_names=first.group_names,
+        evaluation_normalized=first.evaluation_normalized, inputs=first.inputs, extras=first.extras,
+        unseen_groups=first.unseen_groups,
         description="; ".join(p.description for p in parts),
     )
 

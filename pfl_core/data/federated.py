@@ -7,6 +7,7 @@ per split: ``train``/``val``/``test`` or ``pers``/``eval``) plus metadata (group
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 import torch
@@ -32,6 +33,20 @@ class ArrayDataset:
             (:func:`~pfl_core.data.datasets.load_sources`), ``sources[source[i]]`` is the split row
             i came from (e.g. ``("train", "val", "test")``); None and () for one split.
         group_names: the name of each group id, when the groups have names.
+        evaluation_normalized: False when the evaluation paths (fine-tuning and test of the
+            evaluation protocol, the evaluation-time meta-net inputs) see the inputs in [0, 1]
+            although training batches are normalised by ``mean``/``std``: the FedL2P Office code's
+            behaviour (fedl2p.md, "Office-Caltech-10", Normalization). Protocols draw evaluation
+            batches from :meth:`for_evaluation`.
+        inputs: optional map from stored rows (after scaling and ``mean``/``std``) to model inputs,
+            applied by :meth:`batch` (Speech Commands: the fbank image of each stored clip,
+            :func:`pfl_core.audio.speech_features`). Augmentation of such rows goes between
+            :meth:`raw_batch` and :meth:`to_inputs`.
+        extras: loader tensors beside the rows (Speech Commands: ``noise``, ``noise_lengths``, the
+            background-noise waveforms its augmentation cuts from).
+        unseen_groups: the dataset's own held-out clients: clients whose ``group`` is listed are
+            the run's unseen clients (Speech Commands: the unseen speaker pool); ``data.unseen_fraction``
+            must then be 0.
     """
 
     name: str
@@ -47,6 +62,10 @@ class ArrayDataset:
     sources: tuple[str, ...] = ()
     group_names: tuple[str, ...] = ()
     """Optional name of each group id (``group_names[g]``: a corruption, a domain); () for none."""
+    evaluation_normalized: bool = True
+    inputs: Callable[[torch.Tensor], torch.Tensor] | None = None
+    extras: dict = field(default_factory=dict)
+    unseen_groups: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
@@ -58,14 +77,18 @@ class ArrayDataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        return tuple(self.x.shape[1:])
+        """The shape of one model input (of a stored row mapped by ``inputs`` when set)."""
+        if self.inputs is None or not len(self):
+            return tuple(self.x.shape[1:])
+        return tuple(self.batch(torch.zeros(1, dtype=torch.int64, device=self.x.device))[0].shape[1:])
 
     def to(self, device: torch.device | str) -> "ArrayDataset":
         """A copy whose resident tensors live on ``device`` (done once per run; no-op if there)."""
         moved = {k: v.to(device) for k, v in (("mean", self.mean), ("std", self.std), ("groups", self.groups),
                                                ("source", self.source))
                  if isinstance(v, torch.Tensor)}
-        return replace(self, x=self.x.to(device), y=self.y.to(device), **moved)
+        extras = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.extras.items()}
+        return replace(self, x=self.x.to(device), y=self.y.to(device), extras=extras, **moved)
 
     def subset(self, index: torch.Tensor) -> "ArrayDataset":
         """The rows ``index`` as a new dataset (same classes, normalisation and provenance)."""
@@ -86,7 +109,7 @@ class ArrayDataset:
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
         x, y = self.raw_batch(index)
-        return self.normalize(x), y
+        return self.to_inputs(self.normalize(x)), y
 
     def raw_batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` scaled to [0, 1] but not normalised: the input of an augmentation that
@@ -106,6 +129,15 @@ class ArrayDataset:
             std = torch.tensor(self.std, device=x.device).view(shape)
             return (x - mean) / std
         return x
+
+    def to_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """Model inputs of (possibly augmented, normalised) rows: ``inputs(x)``, or ``x`` itself."""
+        return x if self.inputs is None else self.inputs(x)
+
+    def for_evaluation(self) -> "ArrayDataset":
+        """The dataset as the evaluation paths see it: without ``mean``/``std`` when
+        ``evaluation_normalized`` is False, else itself."""
+        return self if self.evaluation_normalized else replace(self, mean=None, std=None, evaluation_normalized=True)
 
     def labels_numpy(self) -> np.ndarray:
         return self.y.cpu().numpy()

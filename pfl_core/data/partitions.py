@@ -319,11 +319,16 @@ def partition(
     partitioners (those with a ``groups`` keyword)."""
     fn = _checked_params(name, num_clients, params)
     labels = np.asarray(labels)
-    if "groups" in inspect.signature(fn).parameters:
+    if takes_groups(name):
         if groups is None:
             raise ValueError(f"partitioner {name!r} needs per-sample groups; the dataset has none")
         params["groups"] = np.asarray(groups)
     return fn(labels, num_clients, rng, **params)
+
+
+def takes_groups(name: str) -> bool:
+    """Whether partitioner ``name`` reads per-sample ``groups`` (``natural``)."""
+    return "groups" in inspect.signature(PARTITIONERS.get(name)).parameters
 
 
 def two_phase(name: str) -> bool:

@@ -19,6 +19,8 @@ profiles and tests need narrow copies (``width``: the first stage's channels, st
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -100,8 +102,20 @@ def resnet18_audio(input_shape: tuple[int, ...], num_classes: int, width: int = 
 
 
 @MODELS.register("resnet18_imagenet")
-def resnet18_imagenet(input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> nn.Module:
-    """Office-Caltech-10 / DomainNet: torchvision's ImageNet stem (7x7 stride 2, maxpool 3x3 stride 2)."""
+def resnet18_imagenet(input_shape: tuple[int, ...], num_classes: int, width: int = 64,
+                      weights: Literal["none", "imagenet"] = "none") -> nn.Module:
+    """Office-Caltech-10 / DomainNet: torchvision's ImageNet stem (7x7 stride 2, maxpool 3x3 stride 2).
+
+    ``weights: imagenet`` (width 64) loads torchvision's ``ResNet18_Weights.IMAGENET1K_V1`` into the
+    trunk, BN running statistics included, cached in the data directory
+    (:mod:`pfl_core.models.imagenet_weights`); the head keeps its own init (the run's init seed)."""
     _check("resnet18_imagenet", input_shape, 3, width)
-    return ResNet18(nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
-                    nn.MaxPool2d(kernel_size=3, stride=2, padding=1), num_classes, width)
+    model = ResNet18(nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
+                     nn.MaxPool2d(kernel_size=3, stride=2, padding=1), num_classes, width)
+    if weights == "imagenet":
+        from pfl_core.models.imagenet_weights import load_imagenet
+
+        return load_imagenet(model)
+    if weights != "none":
+        raise ValueError(f"model 'resnet18_imagenet': weights must be 'none' or 'imagenet', got {weights!r}")
+    return model
