@@ -156,7 +156,10 @@ class FedL2P(Algorithm):
             torch.manual_seed(self.seed)
             nets = MetaNets(len(self.bn_layers), len(learnable_modules(self.model)), len(self.param_names),
                             self.hp.eta_init, self.hp.bn_net, self.hp.lr_net)
-        return {n: p.detach().to(like) for n, p in nets.named_parameters()}
+        lam = {n: p.detach().to(like) for n, p in nets.named_parameters()}
+        if "eta_tilde" in lam:  # exactly eta_init in the run's dtype
+            lam["eta_tilde"] = torch.full_like(lam["eta_tilde"], self.hp.eta_init)
+        return lam
 
     def init_server(self, params: Params) -> ServerState:
         state = self.pretrained
