@@ -13,46 +13,18 @@ from pfl_core.algorithms.base import ClientUpdate
 from pfl_core.algorithms.fedavg import FedAvg
 from pfl_core.algorithms.fedl2p import FedL2P, l2p_outer_epochs
 from pfl_core.config import FederationConfig
-from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalConfig, SeenClients
 from pfl_core.federation import make_contexts, run_federation
-from pfl_core.models import build_model
 from pfl_core.models.kld_bn import bn_names, forward_bn, bn_mode, set_betas
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
+from tests.helpers import l2p_federation, one_thread, tiny_resnet  # noqa: F401 (fixture)
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the tiny ResNet's many small ops run ~10x slower with two threads
-    contending on the shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 #: one inner epoch, one outer epoch, visible meta steps
 FAST = {"inner_epochs": 1, "outer_epochs": 1, "lr_bnnet": 0.1, "lr_lrnet": 0.1, "lr_eta": 0.01}
-
-
-def l2p_federation(sizes=(10, 10, 10), val=3, test=4, seed=0, classes=3) -> FederatedData:
-    """float64 3x6x6 images; client k: ``sizes[k]`` train, ``val`` val and ``test`` test samples."""
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(sizes) + (val + test) * len(sizes)
-    x = torch.rand(total, 3, 6, 6, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, classes, (total,), generator=gen)
-    clients, start = [], 0
-    for cid, n in enumerate(sizes):
-        cut = [start, start + n, start + n + val, start + n + val + test]
-        clients.append(Client(cid, {"train": torch.arange(cut[0], cut[1]), "val": torch.arange(cut[1], cut[2]),
-                                    "test": torch.arange(cut[2], cut[3])}))
-        start = cut[3]
-    return FederatedData(ArrayDataset("img", x, y, classes), clients, list(range(len(sizes))))
-
-
-def tiny_resnet(classes=3):
-    return build_model("resnet18_cifar", (3, 6, 6), classes, width=4)
 
 
 def make(method="fedl2p", seed=0, **hp):
