@@ -11,7 +11,8 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientUpdate
 from pfl_core.algorithms.fedavg import FedAvg
-from pfl_core.algorithms.fedl2p import FedL2P, l2p_outer_epochs
+from pfl_core.algorithms.fedl2p import FedL2P
+from pfl_core.algorithms.l2p import l2p_outer_epochs
 from pfl_core.config import FederationConfig
 from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalConfig, SeenClients

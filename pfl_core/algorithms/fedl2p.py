@@ -31,8 +31,8 @@ lowest loss is kept as ``best_lambda`` (paper: "we save the lambda value that le
 validation loss"), and training stops once ``round - best_round >= patience`` (the code). The
 predictor of the evaluation (:meth:`FedL2P.finetune_recipe`) uses the best lambda.
 
-**L2P** (:class:`L2P`, code switch ``federated_learning: false``): the same client program, but each
-client keeps its own lambda in its state and uploads nothing; the server's lambda never changes.
+**L2P** (:mod:`pfl_core.algorithms.l2p`, code switch ``federated_learning: false``): the same client
+program, but each client keeps its own lambda in its state and uploads nothing.
 
 The pretrained state: :attr:`FedL2P.pretrained` (set by the stage pipeline, ``model.pretrained``),
 else the model's initial parameters and BN statistics (tests, runs without a stage 1).
@@ -358,36 +358,3 @@ class FedL2P(Algorithm):
         grads = {n: implicit[n] + direct[n] if n.startswith("bn_net.") else implicit[n] for n in lam}
         ok = torch.isfinite(val_loss) & torch.isfinite(eval_loss(w_now, lam_now, ltrain))
         return grads, val_loss, ok
-
-
-@dataclass
-class L2PHyper(FedL2PHyper):
-    outer_epochs: PositiveInt = 150
-    """L2P's budget of outer epochs per client: ceil(T_max x clients_per_round x 3 / C) (spec
-    "Baselines": CIFAR-10 500 x 100 x 3 / 1000 = 150; :func:`l2p_outer_epochs`). Run it with one
-    round in which every client takes part, as the code trains each client once, at evaluation."""
-    patience: NonNegativeInt = 0
-    """No early stopping: nothing is federated."""
-
-
-def l2p_outer_epochs(rounds: int, clients_per_round: int, num_clients: int, outer_epochs: int = 3) -> int:
-    """L2P's per-client budget: the outer epochs a client gets on average in FedL2P."""
-    return math.ceil(rounds * clients_per_round * outer_epochs / num_clients)
-
-
-@METHODS.register("l2p")
-class L2P(FedL2P):
-    """FedL2P without FL (code ``federated_learning: false``): each client learns its own lambda,
-    kept in its state and never uploaded; the server's lambda stays at its initial value."""
-
-    hyper_class = L2PHyper
-    federated = False
-
-    def start_lambda(self, server: ServerState, client: ClientContext) -> Params:
-        return client.state.get("lambda", server["lambda"])
-
-    def personal_lambda(self, server: ServerState, client: ClientContext | None) -> Params:
-        if client is None or "lambda" not in client.state:
-            raise ValueError("l2p personalizes with the client's own lambda: the client has not been trained "
-                             "(run one round with every client: federation.clients_per_round = 0)")
-        return client.state["lambda"]
