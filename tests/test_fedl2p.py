@@ -11,7 +11,8 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientUpdate
 from pfl_core.algorithms.fedavg import FedAvg
-from pfl_core.algorithms.fedl2p import FedL2P
+from pfl_core.algorithms.fedl2p import FedL2P, augment_batch
+from pfl_core.augment import CropFlip, crop_flip
 from pfl_core.algorithms.l2p import l2p_outer_epochs
 from pfl_core.config import FederationConfig
 from pfl_core.engine import Executor
@@ -103,6 +104,50 @@ def test_the_client_starts_from_the_pretrained_state_with_reset_running_stats():
     assert torch.all(lam["eta_tilde"] == 1e-3) and lam["eta_tilde"].shape == (62,)
 
 
+def test_meta_training_batches_share_one_crop_and_flip_with_black_padding():
+    """augment_batch on normalized images = crop/flip of the [0, 1] images (zero padding), then
+    Normalize, with one draw for the whole batch (the code's jit_augment)."""
+    fed = l2p_federation(sizes=(8,))
+    data = fed.dataset
+    data.mean, data.std = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
+    index = torch.arange(5)
+    draws = {"top": torch.tensor([0, 7]), "left": torch.tensor([3, 1]), "flip": torch.tensor([False, True])}
+    pad = data.normalize(torch.zeros(1, 3, 6, 6, dtype=torch.float64))
+    got = augment_batch(data.batch(index)[0], draws, 1, pad, 4)
+    shared = CropFlip(torch.full((5,), 7), torch.full((5,), 1), torch.full((5,), True))
+    expected = data.normalize(crop_flip(data.raw_batch(index)[0], shared, 4))
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(augment_batch(got, None, 0, pad, 4), got)
+
+
+def test_client_fit_augments_inner_and_l_t_batches_with_one_draw_per_batch():
+    fed = l2p_federation(sizes=(8,))
+    algorithm, model = make()
+    server = algorithm.init_server(model_params(model))
+    ctx = contexts(fed)[0]
+    carry = algorithm.carry_in(server, ctx, 0)
+    plan = algorithm.draw(ctx, 0)
+    assert carry["augment"]["inner"]["top"].shape == (len(plan["inner"]),)
+    assert carry["augment"]["ltrain"]["flip"].shape == (len(plan["ltrain"]),)
+    seen = []
+    algorithm.meta_gradient = lambda lam, c, steps, val, ltrain: seen.append((steps, val, ltrain)) or (
+        {n: torch.zeros_like(t) for n, t in lam.items()}, torch.tensor(1.0, dtype=torch.float64), torch.tensor(True))
+    from pfl_core.engine.plans import gather, make_buckets
+
+    batches, masks = gather([ctx.dataset], [plan], make_buckets([plan], (), 0.0)[0], stacked=False)
+    algorithm.local_update(carry, batches, masks)
+    (steps, val, ltrain), = seen
+    draws, pad = carry["augment"], carry["augment"]["pad"]
+    for i, (x, _) in enumerate(steps):
+        torch.testing.assert_close(x, augment_batch(ctx.dataset.batch(plan["inner"][i])[0], draws["inner"], i, pad, 4))
+    torch.testing.assert_close(ltrain[0], augment_batch(ctx.dataset.batch(plan["ltrain"][0])[0], draws["ltrain"], 0,
+                                                       pad, 4))
+    assert torch.equal(val[0], ctx.dataset.batch(plan["val"][0])[0])  # val: Normalize only
+    assert not torch.equal(steps[0][0], ctx.dataset.batch(plan["inner"][0])[0])
+    none, _ = make(meta_augment="none")
+    assert "augment" not in none.carry_in(none.init_server(model_params(model)), contexts(fed)[0], 0)
+
+
 # ------------------------------------------------------------------ meta-gradients
 
 def test_the_meta_gradient_reaches_eta_tilde_only_through_the_last_inner_step():
@@ -153,15 +198,16 @@ def test_ift_scales_the_implicit_term_and_adds_the_direct_term_to_bnnet_only():
     eta-tilde get the implicit term alone, BNNet also the direct dL_V/dlambda (= FOMAML+'s BNNet
     gradient, as the weights do not depend on BNNet)."""
     fed = l2p_federation(sizes=(8,))
+    first, model = make()
+    server = first.init_server(model_params(model))
+    carry, steps, val, ltrain = one_outer_step(first, server, contexts(fed)[0])
     runs = {}
     for name, hp in {"paper": {}, "textbook": {"neumann_scaling": "textbook"},
                      "fomaml": {"hypergradient": "fomaml"}}.items():
-        algorithm, model = make(**hp)
-        server = algorithm.init_server(model_params(model))
-        carry, steps, val, ltrain = one_outer_step(algorithm, server, contexts(fed)[0])
-        if name == "fomaml":  # the same batches as the IFT runs, without L_T
-            ltrain = None
-        runs[name] = algorithm.meta_gradient(server["lambda"], carry, steps, val, ltrain)[0]
+        algorithm, _ = make(**hp)
+        # the same batches for all three, without L_T for FOMAML+
+        runs[name] = algorithm.meta_gradient(server["lambda"], carry, steps, val,
+                                             None if name == "fomaml" else ltrain)[0]
     paper, textbook, direct = runs["paper"], runs["textbook"], runs["fomaml"]
     for n in paper:
         if n.startswith("bn_net."):

@@ -12,7 +12,9 @@ federates; the pretrained backbone (contract "Pretrained state") is fixed and ne
    on the KLD-BN layers and eta = LRNet(x) * eta-tilde.
 3. Inner loop: S = ``inner_epochs`` x ceil(|train| / B) plain-SGD steps in train mode on one train
    stream, reshuffled every epoch, cycled and running on across the outer steps (spec
-   "Implementation details" 2: 40 samples give batches of 32, 8, 32, ...). Only the last step keeps
+   "Implementation details" 2: 40 samples give batches of 32, 8, 32, ...), each batch augmented
+   with ONE crop offset and flip for all its images (``meta_augment``, the code's ``jit_augment``;
+   the meta-net inputs too, val batches never). Only the last step keeps
    the graph, through eta (its gradient is detached); a step whose loss exceeds 100 has its
    gradient clamped to +-0.5.
 4. Eval mode: L_V on the next val batch, L_T on the next (fresh) train batch.
@@ -49,6 +51,7 @@ from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.augment import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
 from pfl_core.meta_inputs import meta_inputs
@@ -98,6 +101,13 @@ class FedL2PHyper(HyperParams):
     """An inner step whose loss exceeds this has its gradient clamped (the code's "hotfix")."""
     inner_grad_clip: PositiveFloat = 0.5
     """... elementwise to [-inner_grad_clip, inner_grad_clip]."""
+    meta_augment: Literal["crop_flip", "none"] = "crop_flip"
+    """Meta-training augmentation of train batches: ``crop_flip`` = RandomCrop(padding
+    ``augment_padding``) + RandomHorizontalFlip with one draw shared by the whole batch (CIFAR-10/10-C
+    code, spec "Transforms"); ``none`` (Speech Commands, whose ``jit_augment`` is the identity).
+    Office's flip + rotation is not implemented."""
+    augment_padding: PositiveInt = 4
+    """Zero padding (in [0, 1] pixel space) of the random crop."""
     weighting: Literal["val", "uniform"] = "val"
     """Server mean of lambda weighted by |val| (the code, spec diff 5) or uniform."""
     patience: NonNegativeInt = 50
@@ -110,6 +120,17 @@ def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Genera
     while True:
         perm = index[torch.randperm(index.numel(), generator=generator).to(index.device)]
         yield from torch.split(perm, batch_size)
+
+
+def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor, padding: int) -> torch.Tensor:
+    """Batch ``x`` (normalized) cropped and flipped with draw ``i`` of ``draws`` shared by all its
+    images; ``pad`` is the normalized image of zeros, so the padding is black before Normalize, as
+    in the code (exact for per-channel normalization). ``draws`` None: ``x`` unchanged."""
+    if draws is None:
+        return x
+    n = x.shape[0]
+    shared = CropFlip(*(draws[k][i].expand(n) for k in ("top", "left", "flip")))
+    return crop_flip(x - pad, shared, padding) + pad
 
 
 def split_lambda(lam: Params) -> dict[str, Params]:
@@ -203,11 +224,15 @@ class FedL2P(Algorithm):
             betas = torch.full((len(self.bn_layers),), float(self.hp.fixed_beta), dtype=xi.dtype, device=xi.device)
         return betas, lrs
 
-    def client_inputs(self, server: ServerState, client: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+    def client_inputs(self, server: ServerState, client: ClientContext,
+                      augment: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(xi, x) of the client's train split, batches of B in split order (the statistics do not
-        depend on the order)."""
+        depend on the order), batch i augmented with draw i of ``augment["inputs"]``."""
         index = client.client.splits["train"]
         batches = [client.dataset.batch(i)[0] for i in torch.split(index, client.streams["train"].batch_size)]
+        if augment is not None:
+            batches = [augment_batch(x, augment["inputs"], i, augment["pad"], self.hp.augment_padding)
+                       for i, x in enumerate(batches)]
         with torch.no_grad():
             return meta_inputs(self.model, server["params"], server["buffers"], batches)
 
@@ -251,9 +276,30 @@ class FedL2P(Algorithm):
         return server["lambda"]
 
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        xi, x = self.client_inputs(server, client)
-        return {"lambda": self.start_lambda(server, client), "params": server["params"],
-                "buffers": server["buffers"], "xi": xi, "x": x}
+        augment = self.draw_augment(server, client)
+        xi, x = self.client_inputs(server, client, augment)
+        carry = {"lambda": self.start_lambda(server, client), "params": server["params"],
+                 "buffers": server["buffers"], "xi": xi, "x": x}
+        if augment is not None:
+            carry["augment"] = {k: augment[k] for k in ("inner", "ltrain", "pad")}
+        return carry
+
+    def draw_augment(self, server: ServerState, client: ClientContext) -> dict | None:
+        """Host-side crop/flip draws, one per batch, from the client's train-stream generator:
+        ``inputs`` (meta-net input batches), ``inner`` (K x S), ``ltrain`` (K), and ``pad`` (the
+        normalized black image). None with ``meta_augment: none``."""
+        if self.hp.meta_augment == "none":
+            return None
+        b, inner, outer = self.steps(client)
+        gen, padding = client.streams["train"].generator, self.hp.augment_padding
+        like = next(iter(server["params"].values()))
+        shape = client.dataset.input_shape
+        out = {"pad": client.dataset.normalize(torch.zeros(1, *shape, dtype=like.dtype, device=like.device))}
+        counts = {"inputs": math.ceil(client.num_samples("train") / b), "inner": outer * inner,
+                  "ltrain": outer if self.hp.hypergradient == "ift" else 0}
+        for name, count in counts.items():
+            out[name] = dict(zip(("top", "left", "flip"), draw_crop_flip(count, gen, padding=padding)))
+        return out
 
     def draw(self, client: ClientContext, round_idx: int):
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
@@ -276,10 +322,12 @@ class FedL2P(Algorithm):
         outer = len(vy)
         inner = len(ys) // outer
         lam = carry["lambda"]
+        draws = carry.get("augment", {})
+        aug = lambda x, stream, i: augment_batch(x, draws.get(stream), i, draws.get("pad"), self.hp.augment_padding)
         loss_sum = count = 0.0
         for k in range(outer):
-            steps = [(xs[i], ys[i]) for i in range(k * inner, (k + 1) * inner)]
-            ltrain = (tx[k], ty[k]) if self.hp.hypergradient == "ift" else None
+            steps = [(aug(xs[i], "inner", i), ys[i]) for i in range(k * inner, (k + 1) * inner)]
+            ltrain = (aug(tx[k], "ltrain", k), ty[k]) if self.hp.hypergradient == "ift" else None
             grads, val_loss, ok = self.meta_gradient(lam, carry, steps, (vx[k], vy[k]), ltrain)
             lam = {n: torch.where(ok, t - self.meta_lr(n) * self.clip(grads[n]), t) for n, t in lam.items()}
             n = vy[k].shape[-1]
