@@ -241,6 +241,37 @@ def test_a_round_clamps_meta_gradients_and_steps_each_part_with_its_lr():
     assert math.isfinite(float(loss))
 
 
+def test_an_inner_loss_above_100_clamps_that_steps_gradient_to_half():
+    fed = l2p_federation(sizes=(8,))
+    algorithm, model = make()
+    server = algorithm.init_server(model_params(model))
+    carry, steps, _, _ = one_outer_step(algorithm, server, contexts(fed)[0])
+    loud = {**carry, "params": {**carry["params"], "fc.bias": carry["params"]["fc.bias"] + torch.tensor([1e3, 0, 0])}}
+    y = torch.ones_like(steps[0][1])  # every label away from the class with the huge bias: loss ~ 1000
+    _, g, _ = algorithm.inner_loop(server["lambda"], loud, [(steps[0][0], y)])
+    assert float(g["fc.bias"].abs().max()) == pytest.approx(0.5)  # d CE / d bias is -1 and +1 before the clamp
+    _, g_quiet, _ = algorithm.inner_loop(server["lambda"], carry, [(steps[0][0], y)])
+    assert all(float(t.abs().max()) <= 0.5 for t in g.values())
+    assert not torch.equal(g_quiet["fc.bias"], g["fc.bias"])
+
+
+def test_an_outer_step_with_a_non_finite_val_loss_is_skipped():
+    """The code's ``continue``: lambda unchanged and the step left out of the mean L_V."""
+    fed = l2p_federation(sizes=(8,))
+    algorithm, model = make()
+    server = algorithm.init_server(model_params(model))
+    ctx = contexts(fed)[0]
+    ctx.dataset.x[fed.clients[0].splits["val"][0]] = float("nan")
+    carry = algorithm.carry_in(server, ctx, 0)
+    plan = algorithm.draw(ctx, 0)
+    from pfl_core.engine.plans import gather, make_buckets
+
+    batches, masks = gather([ctx.dataset], [plan], make_buckets([plan], (), 0.0)[0], stacked=False)
+    out, loss = algorithm.local_update(carry, batches, masks)
+    assert all(torch.equal(out["lambda"][n], t) for n, t in server["lambda"].items())
+    assert math.isnan(float(loss))  # no step counted: 0 / 0
+
+
 # ------------------------------------------------------------------ server loop
 
 def fake_updates(algorithm, server, values, losses, sizes):

@@ -133,14 +133,6 @@ def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor
     return crop_flip(x - pad, shared, padding) + pad
 
 
-def split_lambda(lam: Params) -> dict[str, Params]:
-    """lambda's tensors grouped by part: ``bn_net``, ``lr_net``, ``eta_tilde``."""
-    groups: dict[str, Params] = {}
-    for name, t in lam.items():
-        groups.setdefault(name.split(".", 1)[0], {})[name] = t
-    return groups
-
-
 @METHODS.register("fedl2p")
 class FedL2P(Algorithm):
     """FedL2P on a model with KLD-BN layers (``resnet18_cifar``, ``resnet18_audio``, ``resnet18_imagenet``)."""
