@@ -170,6 +170,57 @@ def test_the_meta_gradient_reaches_eta_tilde_only_through_the_last_inner_step():
         torch.testing.assert_close(full[n], last[n], rtol=1e-8, atol=1e-12)
 
 
+def reference_meta_gradient(algorithm, lam, carry, steps, val, ltrain, q=3, psi=0.1):
+    """ClientFit's outer step the way the authors' code computes it: eager autograd on tensors,
+    the last inner step kept in the graph, double-backward Hessian-vector products
+    (``client_utils.Hypergrad``), BNNet's direct term added."""
+    model, names = algorithm.model, bn_names(algorithm.model)
+    meta = {n: t.detach().clone().requires_grad_(True) for n, t in lam.items()}
+    betas, lrs = torch.func.functional_call(algorithm.meta_nets, meta, (carry["xi"], carry["x"]))
+    w, buffers = dict(carry["params"]), set_betas(carry["buffers"], names, betas.detach())
+    with bn_mode(model, "train"):
+        for j, (x, y) in enumerate(steps):
+            leaves = {n: p.detach().requires_grad_(True) for n, p in w.items()}
+            logits, buffers = forward_bn(model, leaves, buffers, x)
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            g = torch.autograd.grad(loss, list(leaves.values()))
+            if loss > 100:
+                g = [t.clamp(-0.5, 0.5) for t in g]
+            buffers = {k: v.detach() for k, v in buffers.items()}
+            last = j == len(steps) - 1
+            w = {n: leaves[n].detach() - (lrs[i] if last else lrs[i].detach()) * g[i] for i, n in enumerate(leaves)}
+    with bn_mode(model, "eval"):
+        mixed = set_betas(buffers, names, betas)
+        val_loss = torch.nn.functional.cross_entropy(forward_bn(model, w, mixed, val[0])[0], val[1])
+        train_loss = torch.nn.functional.cross_entropy(forward_bn(model, w, mixed, ltrain[0])[0], ltrain[1])
+    params, metas = list(w.values()), list(meta.values())
+    v = torch.autograd.grad(val_loss, params, retain_graph=True)
+    d_train = torch.autograd.grad(train_loss, params, create_graph=True)
+    p = v
+    for _ in range(q):
+        hv = torch.autograd.grad(d_train, params, grad_outputs=v, retain_graph=True)
+        v = [a - psi * b for a, b in zip(v, hv)]
+        p = [a + b for a, b in zip(p, v)]
+    grads = {n: -t for n, t in zip(meta, torch.autograd.grad(d_train, metas, grad_outputs=p, retain_graph=True))}
+    bn = [n for n in meta if n.startswith("bn_net.")]
+    for n, t in zip(bn, torch.autograd.grad(val_loss, [meta[n] for n in bn])):
+        grads[n] = grads[n] + t
+    return grads
+
+
+def test_ift_meta_gradient_equals_the_codes_double_backward_computation():
+    fed = l2p_federation(sizes=(8,))
+    algorithm, model = make()
+    server = algorithm.init_server(model_params(model))
+    carry, steps, val, ltrain = one_outer_step(algorithm, server, contexts(fed)[0])
+    ours = algorithm.meta_gradient(server["lambda"], carry, steps, val, ltrain)[0]
+    theirs = reference_meta_gradient(algorithm, server["lambda"], carry, steps, val, ltrain)
+    assert set(ours) == set(theirs)
+    for n in ours:
+        torch.testing.assert_close(ours[n], theirs[n], rtol=1e-7, atol=1e-13)
+    assert all(float(t.abs().max()) > 0 for t in ours.values() if t.dim() == 1 and t.numel() > 1)
+
+
 def test_fomaml_gives_eta_tilde_the_last_step_gradient_by_hand():
     """FOMAML+: d L_V / d eta-tilde_j = -m_j <dL_V/dw_j, g_j> with w = w_{S-1} - eta g (Eq. 9-10)."""
     fed = l2p_federation(sizes=(8,))
