@@ -258,7 +258,7 @@ class FedL2P(Algorithm):
         """(B, S inner steps, K outer steps) of the client."""
         if "val" not in client.client.splits:
             raise ValueError(f"{type(self).__name__} needs a val split per client (client {client.cid} has "
-                             f"{sorted(client.client.splits)}): set data.val_fraction (FedL2P: 0.2)")
+                             f"{sorted(client.client.splits)}): set data.client_val_fraction (FedL2P: 0.2)")
         b = client.streams["train"].batch_size
         inner = self.hp.inner_epochs * math.ceil(client.num_samples("train") / b)
         outer = self.hp.outer_epochs * math.ceil(client.num_samples("val") / b)
@@ -335,10 +335,12 @@ class FedL2P(Algorithm):
 
     # -- ClientFit's pieces (pure tensor code) --------------------------------------------------
     def meta_lr(self, name: str) -> float:
+        """The plain-SGD lr of lambda's tensor ``name`` (by its part)."""
         part = name.split(".", 1)[0]
         return {"bn_net": self.hp.lr_bnnet, "lr_net": self.hp.lr_lrnet, "eta_tilde": self.hp.lr_eta}[part]
 
     def clip(self, grad: torch.Tensor) -> torch.Tensor:
+        """A meta-gradient clamped elementwise to [-meta_clip, meta_clip] (0: unclamped)."""
         c = self.hp.meta_clip
         return grad.clamp(-c, c) if c > 0 else grad
 
@@ -356,7 +358,7 @@ class FedL2P(Algorithm):
 
         grads = None
         with bn_mode(self.model, "train"):
-            for j, (x, y) in enumerate(steps):
+            for x, y in steps:
                 if grads is not None:
                     w = {n: w[n] - lrs[n] * grads[n] for n in w}
                 grads, (loss, buffers) = torch.func.grad_and_value(loss_fn, has_aux=True)(w, buffers, x, y)
@@ -367,6 +369,7 @@ class FedL2P(Algorithm):
         return tree_detach(w), grads, buffers
 
     def lr_tree(self, lrs: torch.Tensor | None) -> dict:
+        """Per-parameter learning rates by name: eta's entries, or ``inner_lr`` without LRNet."""
         if lrs is None:
             return {n: self.hp.inner_lr for n in self.param_names}
         return {n: lrs[..., j] for j, n in enumerate(self.param_names)}
