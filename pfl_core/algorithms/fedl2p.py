@@ -36,7 +36,7 @@ predictor of the evaluation (:meth:`FedL2P.finetune_recipe`) uses the best lambd
 **L2P** (:mod:`pfl_core.algorithms.l2p`, code switch ``federated_learning: false``): the same client
 program, but each client keeps its own lambda in its state and uploads nothing.
 
-The pretrained state: :attr:`FedL2P.pretrained` (set by the stage pipeline, ``model.pretrained``),
+The pretrained state: :attr:`Algorithm.pretrained` (set by the experiment from ``model.pretrained``),
 else the model's initial parameters and BN statistics (tests, runs without a stage 1).
 """
 from __future__ import annotations
@@ -140,8 +140,6 @@ class FedL2P(Algorithm):
     hyper_class = FedL2PHyper
     #: False: each client learns its own lambda (L2P)
     federated: ClassVar[bool] = True
-    #: the stage-1 state ``{"params", "buffers"}`` (contract "Pretrained state"); None: the model's own
-    pretrained: dict | None = None
 
     def __init__(self, model, hp):
         super().__init__(model, hp)
