@@ -158,7 +158,10 @@ class Federation:
         self.result.server = self.algorithm.aggregate(self.server, updates)
         _check_finite(self.server, round_idx)
         metrics = {"round": round_idx + 1, "train_loss": loss, **self.algorithm.round_metrics(self.server)}
-        last = round_idx == self.cfg.rounds - 1
+        method_stop = self.algorithm.stop_after_round(self.server)
+        if method_stop:
+            self.result.stopped_round = round_idx + 1
+        last = round_idx == self.cfg.rounds - 1 or method_stop
         every = self.cfg.eval_every
         if self.evaluate_clients and (last or (every and (round_idx + 1) % every == 0)):
             evaluation = self.evaluate(executor)

@@ -77,3 +77,25 @@ class TinyLeNet(torch.nn.Module):
     def forward(self, x: torch.Tensor, embed: bool = False) -> torch.Tensor:
         features = torch.relu(self.fc2(torch.relu(self.fc1(x.flatten(1)))))
         return features if embed else self.fc3(features)
+
+
+def l2p_federation(sizes=(10, 10, 10), val=3, test=4, seed=0, classes=3) -> FederatedData:
+    """float64 3x6x6 images; client k: ``sizes[k]`` train, ``val`` val and ``test`` test samples."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes) + (val + test) * len(sizes)
+    x = torch.rand(total, 3, 6, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (total,), generator=gen)
+    clients, start = [], 0
+    for cid, n in enumerate(sizes):
+        cut = [start, start + n, start + n + val, start + n + val + test]
+        clients.append(Client(cid, {"train": torch.arange(cut[0], cut[1]), "val": torch.arange(cut[1], cut[2]),
+                                    "test": torch.arange(cut[2], cut[3])}))
+        start = cut[3]
+    return FederatedData(ArrayDataset("img", x, y, classes), clients, list(range(len(sizes))))
+
+
+def tiny_resnet(classes=3):
+    """FedL2P's ResNet-18 (KLD-BN) at width 4 for 3x6x6 images."""
+    from pfl_core.models import build_model
+
+    return build_model("resnet18_cifar", (3, 6, 6), classes, width=4)

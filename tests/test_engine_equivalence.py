@@ -28,7 +28,9 @@ from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
-from tests.helpers import TinyLeNet
+from tests.helpers import TinyLeNet, l2p_federation, one_thread, tiny_resnet  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only contend (FedL2P's ResNet 10x)
 
 # float64: a real mismatch is O(lr); Adam on the (mathematically zero) gradient of a bias before a
 # BatchNorm turns 1e-17 noise into O(lr) steps in either path, hence the absolute slack
@@ -165,6 +167,11 @@ CASES = {
     "fedproto": ("fedproto", {"lr": 0.1, "local_epochs": 2}, TinyLeNet, flat_federation),
     "fedproto-keep-head": ("fedproto", {"lr": 0.1, "local_steps": 3, "keep_missing_protos": True,
                                         "predict": "head"}, TinyLeNet, flat_federation),
+    # FedL2P (issue 14): width-4 ResNet-18, 2 inner steps, 1 outer step (val 3), visible meta lrs
+    "fedl2p": ("fedl2p", {"inner_epochs": 1, "outer_epochs": 1, "lr_bnnet": 0.1, "lr_lrnet": 0.1, "lr_eta": 0.01},
+               tiny_resnet, l2p_federation),
+    "l2p-fomaml-lrnet": ("l2p", {"inner_epochs": 1, "outer_epochs": 1, "hypergradient": "fomaml", "bn_net": False,
+                                 "fixed_beta": 1.0, "lr_lrnet": 0.1, "lr_eta": 0.01}, tiny_resnet, l2p_federation),
 }
 
 

@@ -190,6 +190,12 @@ class Algorithm(ABC):
         round's history row (logged as ``round/<key>``); none by default."""
         return {}
 
+    def stop_after_round(self, server: ServerState) -> bool:
+        """Whether the method's own early-stopping rule ends training after the round just
+        aggregated (FedL2P: rounds since its best round); the federation then evaluates and stops.
+        Never by default."""
+        return False
+
     def run_info(self, server: ServerState) -> dict:
         """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the
         method made while training; none by default."""
