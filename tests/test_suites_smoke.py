@@ -64,6 +64,18 @@ SMOKE_ONLY: dict[str, list[dict[str, list[str]]]] = {
     "metavers/table6": [{"method": ["FedAvg", "MetaVers"]}],
     "metavers/fig2": [{"method": ["Local", "Only-Triplet", "Only-CE", "MetaVers"]}],
     "metavers/fig3": [{"dataset": ["cifar10"]}, {"dataset": ["cifar100"], "attack": ["FedAvg"]}],
+    # FedL2P: FT (BN C) (or the suite's only method) on every cell, which also runs every stage-1 block
+    # once; every method in one cell per dataset
+    "fedl2p/table1": [{"method": ["FT-BN-C"]}, {"alpha": ["0.1"], "pretraining": ["FedAvg"]}],
+    "fedl2p/table2": [{"method": ["Global"]}, {"alpha": ["0.1"], "e": ["5"]}],
+    "fedl2p/table3": [{"method": ["FT-BN-C"]}, {"setting": ["cifar10c-a0.5", "office_caltech10-a1000", "domainnet-a0.5"]}],
+    "fedl2p/table4": [{"e": ["5"]}, {"e": ["15"], "method": ["seen:FT-BN-C"]}],
+    "fedl2p/table5": [{"method": ["FT-BN-C"]}, {"setting": ["cifar10-a0.1", "domainnet-a0.1"]}],
+    "fedl2p/table6": [{"method": ["FedL2P"]}],
+    "fedl2p/fig2": [{"method": ["FedL2P"]}],
+    "fedl2p/fig3": [{"method": ["FedL2P"]}],
+    "fedl2p/fig4": [{"method": ["FedL2P"]}],
+    "fedl2p/fig5": [{"method": ["FedL2P"]}],
 }
 #: suite -> reason, for smoke failures whose cause is in the source (xfail strict)
 KNOWN_FAILURES: dict[str, str] = {}
