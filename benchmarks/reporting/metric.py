@@ -14,8 +14,10 @@ Keys (all but ``key`` optional)::
       curve_metric: curve/acc   # last3_of_seed_mean_curve: the per-step fine-tuning curve
       select_metric: round/val_acc_weighted  # best_val_round: the validation history selected on
       tolerance: 1.0            # absolute (metric units) where the paper gives no spread
-      figure: table             # table | bars | curves | line | tsne | dlg: the paper's figure form
-                                # (tsne, dlg: drawn from the runs' evaluation.analyses arrays)
+      figure: table             # table | bars | curves | line | tsne | dlg | ari | hyperparameters |
+                                # cluster_map | cluster_map_all: the paper's figure form (tsne, dlg:
+                                # drawn from the runs' evaluation.analyses arrays; the FedL2P forms
+                                # from their personalization.npz, benchmarks.reporting.personalization)
       x_axis: samples           # line: the grid axis on the x axis (numeric labels)
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from benchmarks.suite import Suite, SuiteError
 
 AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round", "max_over_rounds")
-FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg")
+FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg", "ari", "hyperparameters", "cluster_map", "cluster_map_all")
 
 
 @dataclass(frozen=True)

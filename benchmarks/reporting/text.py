@@ -12,7 +12,7 @@ from typing import Callable
 
 import pandas as pd
 
-from benchmarks.reporting import extras, qualitative
+from benchmarks.reporting import extras, personalization, qualitative
 from benchmarks.reporting.table import SuiteReport, column_label
 from benchmarks.reporting.verdict import LABEL_RULE, LEGEND, PARTIAL, RULES, VERDICTS
 
@@ -205,6 +205,7 @@ def render_markdown(report: SuiteReport) -> str:
     lines += ["", "Does the paper's conclusion hold?", ""] + conclusion_lines(report)
     lines += extras.markdown_lines(report)
     lines += qualitative.markdown_lines(report)
+    lines += personalization.markdown_lines(report)
     switched = report.table[report.table["switches"] != ""]
     if not switched.empty:
         lines += ["", "Fidelity switches (non-default hyperparameters) per cell:", ""]
