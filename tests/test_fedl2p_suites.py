@@ -406,3 +406,31 @@ def test_a_quantity_listed_twice_for_one_cell_is_rejected(tmp_path):
     entry = {"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5}
     with pytest.raises(suite_module.SuiteError, match="listed twice"):
         load_suite(quantity_suite(tmp_path, [entry, dict(entry, mean=0.6)]))
+
+
+# ------------------------------------------------------------------------------------------ make targets
+
+
+def make_dry_run(target: str) -> str:
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, "PROFILE=quick", "JOBS=2"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_make_reproduce_fedl2p_target_runs_its_suite_and_renders_the_report(name):
+    out = make_dry_run(f"reproduce-fedl2p-{name}")
+    assert re.findall(r"suites/fedl2p/\w+\.yaml", out) == [f"suites/fedl2p/{name}.yaml"]
+    assert "pflbench run $f --profile quick --jobs 2" in out and "--report" in out
+
+
+def test_make_reproduce_fedl2p_runs_every_fedl2p_suite():
+    out = make_dry_run("reproduce-fedl2p")
+    assert sorted(set(re.findall(r"suites/fedl2p/(\w+)\.yaml", out))) == sorted(NAMES)
+    assert "suites/metavers" not in out and "suites/cafeme" not in out
