@@ -269,15 +269,20 @@ def test_stage2_runs_take_the_specs_per_dataset_hyperparameters():
             params = c["evaluation"]["params"]
             assert (params["lr"], params["batch_size"], params["test_batch_size"]) == (want["ft_lr"], 32, 50)
             assert params["finetune_splits"] == (["train", "val"] if ds == "cifar10" else ["train"])  # spec diff 7
-            assert c["federation"]["clients_per_round"] == want["per_round"] and c["federation"]["batch_size"] == 32
-            if ds != "speech_commands":
-                assert c["data"]["num_clients"] == want["clients"]
+            assert c["federation"]["batch_size"] == 32
+            assert c["data"]["num_clients"] == want["clients"] + (50 if ds == "speech_commands" else 0)  # + unseen
+            if ds == "cifar10":  # 40 train / 10 val per client, the code's random_split (D1 `l2p-data`)
+                assert c["data"]["client_val_fraction"] == 0.2
             method = c["method"]
             if method["name"] in ("global_model", "ft_bn_c", "ft_bn_g", "ft_bn_i"):
                 assert c["federation"]["rounds"] == 0  # nothing to train: stage 2 only evaluates
                 continue
-            assert c["federation"]["rounds"] == want["rounds"]
             p = method["params"]
+            if method["name"] == "l2p":  # every client learns its own lambda once: one round of all clients
+                assert (c["federation"]["rounds"], c["federation"]["clients_per_round"]) == (1, 0)
+            else:
+                assert c["federation"]["rounds"] == want["rounds"]
+                assert c["federation"]["clients_per_round"] == want["per_round"]
             assert p["eta_init"] == want["eta"]
             e = int(run.cell.get("e", 15))
             assert p["inner_epochs"] == (want["inner"] if ds == "speech_commands" else e)
@@ -296,6 +301,9 @@ def test_table5_ablations_are_the_named_switches():
         if m["name"] == "fedl2p":
             switches.setdefault(run.cell["method"], set()).add(
                 tuple(sorted((k, v) for k, v in m["params"].items() if k in ("bn_net", "lr_net", "fixed_beta"))))
+    inner = {(run.config["data"]["dataset"], run.config["method"]["params"].get("inner_lr"))
+             for run in draft("table5") if run.cell["method"] == "FedL2P-BNNet"}
+    assert inner == {("cifar10", 1e-3), ("cifar10c", 1e-3), ("office_caltech10", 1e-2), ("domainnet", 1e-2)}  # = FT lr
     assert switches == {"FedL2P": {()}, "FedL2P-BNNet": {(("lr_net", False),)},
                         "FedL2P-LRNet-b1": {(("bn_net", False), ("fixed_beta", 1.0))},
                         "FedL2P-LRNet-b0": {(("bn_net", False), ("fixed_beta", 0.0))}}
@@ -352,6 +360,9 @@ def test_imagenet_cells_load_the_imagenet_weights():
             if run.config["data"]["dataset"] in ("office_caltech10", "domainnet"):
                 assert run.config["model"]["name"] == "resnet18_imagenet"
                 assert run.config["model"]["params"]["weights"] == "imagenet"
+            if run.config["data"]["dataset"] == "office_caltech10":  # office.yaml (FT) has no normalize; office_fedl2p.yaml does
+                normalize = run.config["data"].get("params", {}).get("normalize", True)
+                assert normalize is (not run.config["method"]["name"].startswith("ft_bn")), run.cell_id
 
 
 @pytest.mark.parametrize("name, distinct", [("table1", 12), ("table2", 4), ("table3", 2), ("table5", 5)])
