@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 import benchmarks.suite as suite_module
-from benchmarks.suite import Suite, _parse_axis, cell_id, config_hash, load_suite
+from benchmarks.suite import Suite, _parse_axis, cell_id, load_suite
 from conftest import REPO_ROOT
 from suite_names import unregistered
 from test_suites_smoke import md_table
@@ -330,6 +330,7 @@ def test_table1_has_one_stage1_model_per_alpha_and_pretraining_method():
         fed = block["federation"]
         assert (fed["rounds"], fed["clients_per_round"], fed["batch_size"], fed["drop_last"]) == (500, 100, 32, False)
         assert block["data"]["num_clients"] == 1000 and block["data"]["dataset"] == "cifar10"
+        assert block["data"]["augment"] == "crop_flip" and "client_val_fraction" not in block["data"]  # all 50
     methods = sorted(json.loads(k)["method"]["name"] for k in blocks)
     assert methods == ["fedavg"] * 4 + ["fedbabu"] * 4 + ["perfedavg"] * 4
     for run in draft("table1"):  # the stage-1 partition is the cell's
@@ -369,13 +370,12 @@ def test_imagenet_cells_load_the_imagenet_weights():
 def test_loaded_suites_resolve_the_stage1_hashes(name, distinct):
     """With the real config: the stage-1 config hash (the normal hash of the stage-1 RunConfig) is
     the same for the seeds and cells that share a pretrained model."""
-    from pfl_core.config import RunConfig
-
     suite = loaded(name)
+    from benchmarks.suite import stage1_hash  # S `l2p-stages`
+
     hashes = {}
     for spec in suite.expand("paper"):
-        stage1 = RunConfig.from_dict(spec.config).stage1()
-        key = "imagenet" if stage1 is None else config_hash(stage1.to_dict())
+        key = stage1_hash(spec.config) or "imagenet"
         hashes.setdefault(key, set()).add(spec.seed)
     assert len(hashes) == distinct
     assert all(seeds == {1, 2, 3} for seeds in hashes.values())
