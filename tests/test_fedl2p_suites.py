@@ -228,7 +228,7 @@ def test_the_reported_metric_is_pooled_accuracy_mean_and_population_sd():
     for name in NAMES:
         metric = raw(name)["metric"]
         assert metric["key"] == "acc_pooled" and metric["scale"] == 1  # already 100 x correct / total
-        assert (metric["pm"], metric["ddof"]) == ("std", 0)
+        assert (metric["pm"], metric["ddof"], metric["sample_sd"]) == ("std", 0, True)  # and the sample SD beside
     figures = {name: raw(name)["metric"].get("figure") for name in NAMES}
     assert figures == {"table1": None, "table2": None, "table3": None, "table4": None, "table5": None,
                        "table6": "ari", "fig2": "hyperparameters", "fig3": "cluster_map", "fig4": "hyperparameters",

@@ -45,11 +45,13 @@ def arrays_for(seed: int, zero_tensors: int) -> dict[str, np.ndarray]:
             "x": blobs(OTHER if seed == 2 else DOMAINS, 82, seed=seed), "group": DOMAINS}
 
 
-def fedl2p_like_suite(name: str, figure: str, **extra) -> dict:
+def fedl2p_like_suite(name: str, figure: str, sample_sd: bool = False, **extra) -> dict:
     data = tiny_suite_dict()
     data.update(paper="l2pfig", name=name, table=f"FedL2P {name}", seeds=[1, 2])
     data["grid"][1]["values"] = ["fedavg"]
     data["metric"]["figure"] = figure
+    if sample_sd:
+        data["metric"]["sample_sd"] = True
     data.pop("published")
     data["profiles"] = {"smoke": {"seeds": [1, 2], "set": {"federation.rounds": 1, "evaluation.params.steps": 1}}}
     data.update(extra)
@@ -66,7 +68,8 @@ def rendered(tmp_path_factory):
         mp.chdir(root)
         suites = {
             "table6": load_suite(write_suite(root / "suites" / "l2pfig" / "table6.yaml",
-                                             fedl2p_like_suite("table6", "ari", published_quantities=quantities))),
+                                             fedl2p_like_suite("table6", "ari", published_quantities=quantities,
+                                                               sample_sd=True))),
             "fig2": load_suite(write_suite(root / "suites" / "l2pfig" / "fig2.yaml",
                                            fedl2p_like_suite("fig2", "hyperparameters"))),
             "fig5": load_suite(write_suite(root / "suites" / "l2pfig" / "fig5.yaml",
@@ -200,3 +203,18 @@ def test_no_arrays_says_so(tmp_path):
     lines = markdown_lines(report)
     assert any("No finished run logged `personalization.npz`" in line for line in lines)
     assert math.isnan(report.table["mean"].iloc[0])
+
+
+def test_the_sample_sd_is_shown_beside_the_population_sd(rendered):
+    """metric.sample_sd: "ours" carries the paper's spread (std, ddof 0), the column "sample SD" ddof 1."""
+    report = rendered["reports"]["table6"].report
+    md = rendered["md"]["table6"]
+    header = next(line for line in md.splitlines() if line.startswith("| setting"))
+    assert "| ours | sample SD | paper |" in header
+    assert "sample SD" not in next(line for line in rendered["md"]["fig2"].splitlines() if line.startswith("| setting"))
+    for _, row in report.table.iterrows():
+        values = report.runs[(report.runs["cell"] == f"setting={row['setting']},method=fedavg")]["value"].to_numpy(float)
+        assert len(values) == 2
+        assert row["pm"] == pytest.approx(np.std(values, ddof=0)) and row["std"] == pytest.approx(np.std(values, ddof=1))
+        line = next(line for line in md.splitlines() if line.startswith(f"| {row['setting']} | fedavg"))
+        assert f"| {row['std']:.2f} |" in line

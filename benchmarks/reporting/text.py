@@ -77,6 +77,7 @@ class Column:
 COLUMNS: list[Column] = [
     Column("seeds", seeds_text),
     Column("ours", lambda r: fmt(r["mean"], r["pm"])),
+    Column("sample SD", lambda r: "—" if isnan(r["std"]) else f"{r['std']:.2f}", lambda report: report.metric.sample_sd),
     Column("paper", lambda r: fmt(r["published_mean"], r["published_pm"])),
     Column("diff", lambda r: diff_text(r["diff"])),
     Column("bound (rule)", bound_text),
