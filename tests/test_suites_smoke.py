@@ -126,6 +126,24 @@ def metavers_data(smoke_data) -> dict:
     return fake_data.write_metavers(smoke_data[0])
 
 
+@pytest.fixture(scope="session")
+def fedl2p_data(smoke_data) -> Path:
+    """CIFAR-10-C, Office-Caltech-10, DomainNet and Speech Commands for the FedL2P smoke profiles,
+    beside :func:`smoke_data`, with the writers of the branches that load them (tests/fake_data.py):
+    CIFAR-10-C's 10 corruptions of 100 images per severity (1 client each: 64 / 16 / 20), FedBN's
+    Office / DomainNet layout (one smoke client per domain), Speech Commands with 4 training and 2
+    held-out speakers (the smoke pools). Requested only once a FedL2P suite loads."""
+    from pfl_core.data.cifar10c import FEDL2P_CORRUPTIONS
+
+    root = smoke_data[0]
+    fake_data.write_cifar10c(root, FEDL2P_CORRUPTIONS, per_severity=100)
+    for name in ("office_caltech10", "domainnet"):
+        fake_data.write_fedbn_domains(root, name)
+    fake_data.write_speech_commands(root, train_speakers={f"s{k}000001": 6 for k in range(4)},
+                                    held_speakers={"v0000001": ("val", 6), "t0000001": ("test", 6)})
+    return root
+
+
 @pytest.fixture
 def data_env(smoke_data, tmp_path, monkeypatch):
     """The smoke data as $PFL_DATA_DIR (no download), CIFAR md5s patched for this test only,
@@ -258,6 +276,8 @@ def test_suite_smoke_runs_finish(key, data_env, smoke_tracker, request, monkeypa
         from torchvision import datasets as tv
 
         fake_data.patch_cifar_md5(tv.CIFAR100, request.getfixturevalue("metavers_data"), monkeypatch)
+    if suite.paper == "fedl2p":
+        request.getfixturevalue("fedl2p_data")
     specs = smoke_specs(key)
     assert specs and all(s.profile == "smoke" for s in specs)
     tracker = smoke_tracker
