@@ -22,6 +22,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``).
+* ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
+  metric, which the report derives from the runs' arrays (``metric.figure``; FedL2P Table 6's ARI of
+  the clustered ``xi``, ``beta``, ``x``, ``eta``): ``{cell, quantity, mean, source}`` each.
 * ``code_reference``: per cell, the per-seed values a re-run of the authors' released code gave,
   each naming a source whose provenance (repository, commit, local edits, rounds, data, machine,
   date) is data beside it (schema and checks in :mod:`benchmarks.code_reference`).
@@ -77,17 +80,21 @@ from pfl_core.registry import UnknownNameError
 CONFIG_VERSION = 1
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published", "tuned", "code_reference", "marks"}
+            "overrides", "seeds", "profiles", "published", "tuned", "code_reference", "marks",
+            "published_quantities"}
 OVERRIDE_KEYS = {"when", "set"}
 MARK_KEYS = {"when", "mark", "text"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
-               "select_metric", "tolerance", "figure", "x_axis"}
+               "select_metric", "tolerance", "figure", "x_axis", "sample_sd"}
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
+QUANTITY_KEYS = {"cell", "quantity", "mean", "source"}
 AXIS_KEYS = {"name", "key", "values"}
 FREE_FORM = ("data.params", "data.partition", "data.client_splits", "data.source_splits", "model.params",
              "model.pretrained", "method.params", "evaluation.params")
+"""Mapping-valued config keys whose sub-keys a suite may set one by one (e.g. a profile's
+``model.pretrained.federation.rounds``: every stage-1 block cut down at once)."""
 SCHEMA_KEYS = section_keys()
 
 
@@ -272,6 +279,11 @@ class Suite:
     @property
     def published(self) -> list[dict]:
         return self.raw.get("published") or []
+
+    @property
+    def published_quantities(self) -> list[dict]:
+        """``published_quantities`` entries (cells normalised to grid order and string labels)."""
+        return self.raw.get("published_quantities") or []
 
     def cells(self) -> list[dict[str, str]]:
         return [dict(zip((a.name for a in self.axes), combo))
@@ -657,12 +669,34 @@ def load_suite(path: str | Path) -> Suite:
         _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
         _check_published_numbers(entry, f"{path}: published[{i}]")
         entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{path}: published[{i}].cell")
+    _check_published_quantities(suite, axis_names, cells)
     checks = Checks(_check_keys, lambda cell, where: check_cell(cell, axis_names, cells, where), SuiteError)
     suite.code_references = {cell_id(ref.cell): ref for ref in
                              parse_code_reference(raw.get("code_reference"), f"{path}: code_reference", checks)}
     for profile in suite.profiles:
         suite.expand(profile)
     return suite
+
+
+def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list[dict[str, str]]) -> None:
+    """``published_quantities``: a list of ``{cell, quantity, mean, source}``, each cell of the grid,
+    each (cell, quantity) once, the mean a number."""
+    section, where = suite.raw.get("published_quantities"), f"{suite.path}: published_quantities"
+    if section is None:
+        return
+    if not isinstance(section, list):
+        raise SuiteError(f"{where}: expected a list of {{cell: ..., quantity: ..., mean: ...}}")
+    seen = set()
+    for i, entry in enumerate(section):
+        _check_keys(entry, QUANTITY_KEYS, f"{where}[{i}]", {"cell", "quantity", "mean"})
+        _check_published_numbers({"mean": entry["mean"]}, f"{where}[{i}]")
+        if not isinstance(entry["quantity"], str) or not entry["quantity"]:
+            raise SuiteError(f"{where}[{i}].quantity: expected a name (e.g. beta), got {entry['quantity']!r}")
+        entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{where}[{i}].cell")
+        key = (cell_id(entry["cell"]), entry["quantity"])
+        if key in seen:
+            raise SuiteError(f"{where}[{i}]: {key[1]!r} of cell {key[0]} is listed twice; list each once")
+        seen.add(key)
 
 
 def check_cell(cell: Any, axis_names: list[str], cells: list[dict[str, str]], where: str) -> dict[str, str]:

@@ -41,7 +41,7 @@ def _known_key(key: str) -> bool:
     or under a free-form section (``method.params.lr``)."""
     parts = key.split(".")
     prefixes = {".".join(parts[:i]) for i in range(2, len(parts) + 1)} or {key}
-    return bool(prefixes & (set(SCHEMA_KEYS) | set(FREE_FORM)))
+    return bool(prefixes & (set(SCHEMA_KEYS) | {p for p in FREE_FORM if p in SCHEMA_KEYS}))
 
 
 def _analyses(value: Any) -> list[str]:

@@ -64,6 +64,18 @@ SMOKE_ONLY: dict[str, list[dict[str, list[str]]]] = {
     "metavers/table6": [{"method": ["FedAvg", "MetaVers"]}],
     "metavers/fig2": [{"method": ["Local", "Only-Triplet", "Only-CE", "MetaVers"]}],
     "metavers/fig3": [{"dataset": ["cifar10"]}, {"dataset": ["cifar100"], "attack": ["FedAvg"]}],
+    # FedL2P: FT (BN C) (or the suite's only method) on every cell, which also runs every stage-1 block
+    # once; every method in one cell per dataset
+    "fedl2p/table1": [{"method": ["FT-BN-C"]}, {"alpha": ["0.1"], "pretraining": ["FedAvg"]}],
+    "fedl2p/table2": [{"method": ["Global"]}, {"alpha": ["0.1"], "e": ["5"]}],
+    "fedl2p/table3": [{"method": ["FT-BN-C"]}, {"setting": ["cifar10c-a0.5", "office_caltech10-a1000", "domainnet-a0.5"]}],
+    "fedl2p/table4": [{"e": ["5"]}, {"e": ["15"], "method": ["seen:FT-BN-C"]}],
+    "fedl2p/table5": [{"method": ["FT-BN-C"]}, {"setting": ["cifar10-a0.1", "domainnet-a0.1"]}],
+    "fedl2p/table6": [{"method": ["FedL2P"]}],
+    "fedl2p/fig2": [{"method": ["FedL2P"]}],
+    "fedl2p/fig3": [{"method": ["FedL2P"]}],
+    "fedl2p/fig4": [{"method": ["FedL2P"]}],
+    "fedl2p/fig5": [{"method": ["FedL2P"]}],
 }
 #: suite -> reason, for smoke failures whose cause is in the source (xfail strict)
 KNOWN_FAILURES: dict[str, str] = {}
@@ -112,6 +124,24 @@ def metavers_data(smoke_data) -> dict:
     :func:`smoke_data` (``fake_data.write_metavers``); the CIFAR-100 md5s. Requested only once a
     MetaVers suite loads, i.e. once its datasets are registered."""
     return fake_data.write_metavers(smoke_data[0])
+
+
+@pytest.fixture(scope="session")
+def fedl2p_data(smoke_data) -> Path:
+    """CIFAR-10-C, Office-Caltech-10, DomainNet and Speech Commands for the FedL2P smoke profiles,
+    beside :func:`smoke_data`, with the writers of the branches that load them (tests/fake_data.py):
+    CIFAR-10-C's 10 corruptions of 100 images per severity (1 client each: 64 / 16 / 20), FedBN's
+    Office / DomainNet layout (one smoke client per domain), Speech Commands with 4 training and 2
+    held-out speakers (the smoke pools). Requested only once a FedL2P suite loads."""
+    from pfl_core.data.cifar10c import FEDL2P_CORRUPTIONS
+
+    root = smoke_data[0]
+    fake_data.write_cifar10c(root, FEDL2P_CORRUPTIONS, per_severity=100)
+    for name in ("office_caltech10", "domainnet"):
+        fake_data.write_fedbn_domains(root, name)
+    fake_data.write_speech_commands(root, train_speakers={f"s{k}000001": 6 for k in range(4)},
+                                    held_speakers={"v0000001": ("val", 6), "t0000001": ("test", 6)})
+    return root
 
 
 @pytest.fixture
@@ -246,6 +276,8 @@ def test_suite_smoke_runs_finish(key, data_env, smoke_tracker, request, monkeypa
         from torchvision import datasets as tv
 
         fake_data.patch_cifar_md5(tv.CIFAR100, request.getfixturevalue("metavers_data"), monkeypatch)
+    if suite.paper == "fedl2p":
+        request.getfixturevalue("fedl2p_data")
     specs = smoke_specs(key)
     assert specs and all(s.profile == "smoke" for s in specs)
     tracker = smoke_tracker

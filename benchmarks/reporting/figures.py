@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.reporting import qualitative  # noqa: E402
+from benchmarks.reporting import personalization, qualitative  # noqa: E402
 from benchmarks.reporting.grid import panel_grid  # noqa: E402
 from benchmarks.reporting.stats import spread  # noqa: E402
 from benchmarks.reporting.table import SuiteReport, column_label  # noqa: E402
@@ -184,4 +184,6 @@ def suite_figures(report: SuiteReport) -> dict[str, object]:
         figures["figure"] = paper_line(report)
     elif kind in qualitative.KINDS:
         figures["figure"] = qualitative.qualitative_figure(report)
+    elif kind in personalization.KINDS:
+        figures.update(personalization.figures(report))
     return {k: v for k, v in figures.items() if v is not None}

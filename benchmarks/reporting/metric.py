@@ -14,9 +14,13 @@ Keys (all but ``key`` optional)::
       curve_metric: curve/acc   # last3_of_seed_mean_curve: the per-step fine-tuning curve
       select_metric: round/val_acc_weighted  # best_val_round: the validation history selected on
       tolerance: 1.0            # absolute (metric units) where the paper gives no spread
-      figure: table             # table | bars | curves | line | tsne | dlg: the paper's figure form
-                                # (tsne, dlg: drawn from the runs' evaluation.analyses arrays)
+      figure: table             # table | bars | curves | line | tsne | dlg | ari | hyperparameters |
+                                # cluster_map | cluster_map_all: the paper's figure form (tsne, dlg:
+                                # drawn from the runs' evaluation.analyses arrays; the FedL2P forms
+                                # from their personalization.npz, benchmarks.reporting.personalization)
       x_axis: samples           # line: the grid axis on the x axis (numeric labels)
+      sample_sd: true           # also show the sample SD (ddof 1) of our seeds beside "ours" (FedL2P:
+                                # the paper's ± is shown with ddof 0, an unstated convention)
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from benchmarks.suite import Suite, SuiteError
 
 AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round", "max_over_rounds")
-FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg")
+FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg", "ari", "hyperparameters", "cluster_map", "cluster_map_all")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class MetricSpec:
     tolerance: float | None = None
     figure: str = "table"
     x_axis: str | None = None
+    sample_sd: bool = False
+    """Show the sample SD (ddof 1) of our seeds as a column beside "ours" (whose spread follows the
+    paper's ``pm``/``ddof``): where the paper's ddof is unknown, both are shown."""
     also: tuple[str, ...] = ()
     """Further aggregates of the same runs, each shown as one more column (e.g. ``max_over_rounds``
     beside ``final``: pFedMe's convention next to the last round)."""
@@ -97,6 +104,8 @@ def metric_spec(suite: Suite) -> MetricSpec:
         raise SuiteError(f"{where}.also: {also!r}; expected a list of aggregates from {list(AGGREGATES)}")
     fields = {k: raw[k] for k in MetricSpec.__dataclass_fields__ if k in raw}
     fields["also"] = tuple(also)
+    if not isinstance(raw.get("sample_sd", False), bool):
+        raise SuiteError(f"{where}.sample_sd: expected true or false, got {raw['sample_sd']!r}")
     fields.update(scale=float(raw["scale"]), ddof=int(raw["ddof"]),
                   tolerance=None if tol is None else float(tol))
     return MetricSpec(**fields)

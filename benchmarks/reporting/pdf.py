@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
-from benchmarks.reporting import extras, fidelity, qualitative, summary  # noqa: E402
+from benchmarks.reporting import extras, fidelity, personalization, qualitative, summary  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
 
@@ -185,11 +185,19 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     names = {"bars": "ours vs paper", "diff": "difference to the paper", "figure": "reproduced figure"}
     if report.metric.figure in qualitative.KINDS:
         names["figure"] = f"{qualitative.KINDS[report.metric.figure][2]} (qualitative)"
+    if report.metric.figure in personalization.KINDS:
+        kind = personalization.KINDS[report.metric.figure][0]
+        names.update({key: kind + ("" if key == "figure" else f" ({key.split('_')[1]})")
+                      for key in figures if key.startswith("figure")})
     for key, figure in figures.items():
         doc.figure_page(f"{title}: {names.get(key, key)}", figure)
     figure_notes = qualitative.markdown_lines(report)
     if figure_notes:
         doc.text_pages(f"{title}: figure notes (qualitative)", [n for n in figure_notes if not n.startswith("![")])
+    personalization_notes = personalization.markdown_lines(report)
+    if personalization_notes:
+        doc.text_pages(f"{title}: {personalization.KINDS[report.metric.figure][0]}",
+                       [n for n in personalization_notes if not n.startswith("![")])
     doc.text_pages(f"{title}: fidelity switches and deviations", fidelity_lines(report))
     doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
-from benchmarks.reporting import extras, fidelity, qualitative
+from benchmarks.reporting import extras, fidelity, personalization, qualitative
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
@@ -35,7 +35,8 @@ class SuiteReport:
     offline: bool
     conclusions: list[Conclusion] = field(default_factory=list)
     panels: dict = field(default_factory=dict)
-    """cell -> the arrays of a qualitative figure (``metric.figure`` tsne or dlg; :mod:`.qualitative`)."""
+    """cell -> the arrays of a qualitative figure (``metric.figure`` tsne or dlg; :mod:`.qualitative`), or
+    cell -> {seed: personalization arrays} (FedL2P's forms; :mod:`.personalization`)."""
 
     @property
     def comparable(self) -> bool:
@@ -183,4 +184,6 @@ def build_suite_report(suite: Suite, tracker: Tracker, profile: str = "paper") -
     report.conclusions = conclusions(report.axes, report.method_axis, table)
     if metric.figure in qualitative.KINDS and not runs.empty:
         report.panels = qualitative.collect_panels(tracker, runs, metric.figure)
+    if metric.figure in personalization.KINDS and not runs.empty:
+        report.panels = personalization.collect(tracker, runs)
     return report

@@ -12,7 +12,7 @@ from typing import Callable
 
 import pandas as pd
 
-from benchmarks.reporting import extras, qualitative
+from benchmarks.reporting import extras, personalization, qualitative
 from benchmarks.reporting.table import SuiteReport, column_label
 from benchmarks.reporting.verdict import LABEL_RULE, LEGEND, PARTIAL, RULES, VERDICTS
 
@@ -77,6 +77,7 @@ class Column:
 COLUMNS: list[Column] = [
     Column("seeds", seeds_text),
     Column("ours", lambda r: fmt(r["mean"], r["pm"])),
+    Column("sample SD", lambda r: "—" if isnan(r["std"]) else f"{r['std']:.2f}", lambda report: report.metric.sample_sd),
     Column("paper", lambda r: fmt(r["published_mean"], r["published_pm"])),
     Column("diff", lambda r: diff_text(r["diff"])),
     Column("bound (rule)", bound_text),
@@ -205,6 +206,7 @@ def render_markdown(report: SuiteReport) -> str:
     lines += ["", "Does the paper's conclusion hold?", ""] + conclusion_lines(report)
     lines += extras.markdown_lines(report)
     lines += qualitative.markdown_lines(report)
+    lines += personalization.markdown_lines(report)
     switched = report.table[report.table["switches"] != ""]
     if not switched.empty:
         lines += ["", "Fidelity switches (non-default hyperparameters) per cell:", ""]
