@@ -237,7 +237,7 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     analysed = run_analyses(setup.analyses, setup, fed_result)
     metrics.update(analysed.metrics)
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info,
-                     analysed.arrays)
+                     {**final.arrays, **analysed.arrays})
 
 
 def run_experiment(

@@ -165,6 +165,12 @@ CASES = {
     "fedproto": ("fedproto", {"lr": 0.1, "local_epochs": 2}, TinyLeNet, flat_federation),
     "fedproto-keep-head": ("fedproto", {"lr": 0.1, "local_steps": 3, "keep_missing_protos": True,
                                         "predict": "head"}, TinyLeNet, flat_federation),
+    # FedL2P's stage-2 baselines train nothing (a round leaves the server as it is); their
+    # batched == sequential fine-tuning is tests/test_finetune.py's
+    "global_model": ("global_model", {}, dnn, flat_federation),
+    "ft_bn_c": ("ft_bn_c", {}, dnn, flat_federation),
+    "ft_bn_g": ("ft_bn_g", {}, dnn, flat_federation),
+    "ft_bn_i": ("ft_bn_i", {}, dnn, flat_federation),
 }
 
 

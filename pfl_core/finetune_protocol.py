@@ -1,0 +1,137 @@
+"""FedL2P's evaluation protocol ``finetune_pretrained`` (spec "Evaluation protocol").
+
+Every client of the setting (``evaluation.params.clients``: the training clients, or the held-out
+ones for Speech Commands' unseen pool) personalizes the pretrained model and is tested:
+
+1. the client's fine-tuning data is its ``finetune_splits`` joined (CIFAR-10: train + val, all 50
+   samples, spec diff 7); its batches are drawn from the client's own stream (run seed, client), so
+   every method sees the same batches (:func:`pfl_core.finetune.plan_client`);
+2. the meta-net inputs (xi, LRNet statistics) are computed once, on one per-sample augmented epoch
+   of that data, with the pretrained model in init mode (:mod:`pfl_core.meta_inputs`);
+3. the method turns them into a :class:`~pfl_core.finetune.FinetuneRecipe`
+   (``finetune_recipe(server, pretrained, inputs)``: betas, per-tensor lrs, running-statistics
+   start, test mode);
+4. e epochs of fine-tuning, then the test split at batch 50 (:func:`pfl_core.finetune.finetune_clients`,
+   vmapped over clients on the batched path).
+
+Summary (percent, unlike the other protocols' fractions, as the paper prints them): ``acc_pooled``
+= 100 sum correct / sum test (the reported number), ``acc`` = the mean over clients of their own
+accuracy, ``acc_group/<group>`` = the pooled accuracy of the clients of each meta ``group``
+(corruption, domain), ``eval_loss`` = the mean test loss. The per-client beta, eta, xi and x go to
+the run artifact ``personalization.npz`` (with ``cid``, ``group``, ``correct``, ``total``) for
+Table 6 and Figures 2-5 (:mod:`pfl_core.analysis.personalization`).
+
+Tuning (``target: validation``) tests on the ``val`` split and leaves it out of the fine-tuning data.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
+from pfl_core.data.federated import FederatedData
+from pfl_core.evaluation import PROTOCOLS, ClientResult, EvalResult, Protocol, check_finite_results
+from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, MetaInputs, client_generator, client_meta_inputs,
+                               finetune_clients, lr_tree, mean_accuracy, plan_client, pooled_accuracy,
+                               pretrained_state)
+
+#: the summary keys of ``finetune_pretrained`` beyond the shared ones (``acc_group/<group>`` too)
+FINETUNE_KEYS = ("acc_pooled",)
+#: summary keys with a free suffix
+FINETUNE_KEY_PREFIXES = ("acc_group/",)
+#: the run artifact of the per-client arrays
+ARRAYS_ARTIFACT = "personalization"
+
+
+@PROTOCOLS.register("finetune_pretrained")
+class FinetunePretrained(Protocol):
+    """Module docstring."""
+
+    seed = 0
+    """Set per run (the evaluation stream of the run seed) by :func:`pfl_core.experiment.prepare_run`."""
+
+    @property
+    def test_split(self) -> str:
+        return "val" if self.target == "validation" else self.cfg.split
+
+    @property
+    def finetune_splits(self) -> list[str]:
+        splits = [s for s in self.cfg.finetune_splits if s != self.test_split]
+        if not splits:
+            raise ValueError(f"evaluation.params.finetune_splits {self.cfg.finetune_splits} leaves nothing to "
+                             f"fine-tune on besides the tested split {self.test_split!r}")
+        return splits
+
+    def client_ids(self, fed: FederatedData) -> list[int]:
+        ids = fed.train_clients if self.cfg.clients == "seen" else fed.unseen_clients
+        if not ids:
+            raise ValueError("evaluation.params.clients: unseen needs held-out clients (data.unseen_fraction > 0 "
+                             "or a dataset with an unseen pool)")
+        for split in (*self.finetune_splits, self.test_split):
+            missing = [c for c in ids if split not in fed.clients[c].splits]
+            if missing:
+                raise ValueError(f"finetune_pretrained: client {missing[0]} has no {split!r} split: add it to "
+                                 f"data.client_splits or change evaluation.params.finetune_splits")
+        return ids
+
+    def _evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
+                  executor=None) -> EvalResult:
+        if not hasattr(algorithm, "finetune_recipe"):
+            raise ValueError(f"protocol finetune_pretrained evaluates methods that personalize a pretrained model "
+                             f"(global_model, ft_bn_c, ft_bn_g, ft_bn_i, fedl2p, l2p); {type(algorithm).__name__} "
+                             "has no finetune_recipe")
+        model, cfg = algorithm.model, self.cfg
+        state = pretrained_state(server, model)
+        augment = self._augment() if cfg.augment else None
+        plans = []
+        for ctx in contexts.values():
+            index = torch.cat([ctx.client.splits[s] for s in self.finetune_splits])
+            batch_size = cfg.batch_size or (ctx.streams["train"].batch_size if "train" in ctx.streams else 32)
+            plans.append(plan_client(ctx.dataset, ctx.cid, index, ctx.client.splits[self.test_split], cfg.epochs,
+                                     batch_size, cfg.test_batch_size, client_generator(self.seed, ctx.cid),
+                                     augment, str(ctx.client.meta.get("group", ""))))
+        inputs = [client_meta_inputs(model, state, [x for x, _ in plan.meta]) for plan in plans]
+        recipes = [algorithm.finetune_recipe(server, state, meta) for meta in inputs]
+        batched = executor is not None and executor.execution == "batched"
+        outcomes = finetune_clients(model, state, plans, recipes, cfg.lr, batched, cfg.stack_size)
+        results = [ClientResult(o.cid, o.total, [o.correct / o.total], [o.loss / o.total]) for o in outcomes]
+        check_finite_results(results)
+        arrays = {ARRAYS_ARTIFACT: client_arrays(outcomes, recipes, inputs, state, cfg.lr)}
+        return EvalResult(results, summarise_outcomes(outcomes), arrays=arrays)
+
+    def _augment(self):
+        try:
+            from pfl_core.augment import per_sample_augment
+        except ImportError:
+            raise ValueError("evaluation.params.augment: true needs the per-sample augmentation of "
+                             "pfl_core.augment (FedL2P data, issue 14), which this checkout lacks; "
+                             "set evaluation.params.augment: false") from None
+        return per_sample_augment
+
+
+def summarise_outcomes(outcomes: list[ClientOutcome]) -> dict[str, float]:
+    """``acc_pooled``, ``acc``, ``acc_group/<group>`` (pooled within each group; percent) and
+    ``eval_loss`` (the mean over clients of their mean test loss)."""
+    summary = {"acc_pooled": pooled_accuracy(outcomes), "acc": mean_accuracy(outcomes),
+               "eval_loss": sum(o.loss / o.total for o in outcomes) / len(outcomes)}
+    groups = sorted({o.group for o in outcomes if o.group})
+    for group in groups:
+        summary[f"acc_group/{group}"] = pooled_accuracy([o for o in outcomes if o.group == group])
+    return summary
+
+
+def client_arrays(outcomes: list[ClientOutcome], recipes: list[FinetuneRecipe], inputs: list[MetaInputs],
+                  state, default_lr: float) -> dict[str, np.ndarray]:
+    """The per-client arrays of Table 6 and Figures 2-5 (rows in client order)."""
+    as_np = lambda t: torch.as_tensor(t).detach().double().cpu().numpy()
+    etas = [torch.stack(list(lr_tree(r, state["params"], default_lr).values())) for r in recipes]
+    return {
+        "cid": np.array([o.cid for o in outcomes]),
+        "group": np.array([o.group for o in outcomes]),
+        "correct": np.array([o.correct for o in outcomes]),
+        "total": np.array([o.total for o in outcomes]),
+        "beta": np.stack([as_np(r.betas).reshape(-1) for r in recipes]),
+        "eta": np.stack([as_np(e) for e in etas]),
+        "xi": np.stack([as_np(m.xi).reshape(-1) for m in inputs]),
+        "x": np.stack([as_np(m.lr_stats).reshape(-1) for m in inputs]),
+    }

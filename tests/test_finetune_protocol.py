@@ -1,0 +1,123 @@
+"""Protocol ``finetune_pretrained`` and the stage-2 baselines end to end (a tiny ResNet-18 on
+CIFAR-10-format files): summary keys, the per-client arrays, Global Accuracy = the pretrained model
+on every client's test split, batched == sequential, per-group pooled accuracy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fake_data import write_cifar10
+from pfl_core.algorithms import METHODS
+from pfl_core.config import RunConfig
+from pfl_core.evaluation import EvalConfig
+from pfl_core.experiment import prepare_run, run_experiment
+from pfl_core.finetune import ClientOutcome, pretrained_state
+from pfl_core.finetune_protocol import FinetunePretrained, summarise_outcomes
+from pfl_core.models.kld_bn import bn_mode, forward_bn, load_pretrained
+from pfl_core.training import model_params
+
+
+def config(method="ft_bn_c", execution_params=None, protocol=None, seed=0):
+    return RunConfig.from_dict({
+        "data": {"dataset": "cifar10", "num_clients": 2, "partition": {"name": "iid"},
+                 "client_splits": {"val": 0.2, "test": 0.2}},
+        "model": {"name": "resnet18_cifar", "params": {"width": 2}},
+        "method": {"name": method, "params": execution_params or {}},
+        "federation": {"rounds": 0, "clients_per_round": 2, "batch_size": 32},
+        "evaluation": {"protocol": "finetune_pretrained",
+                       "params": {"epochs": 1, "finetune_splits": ["train", "val"], "augment": False,
+                                  "lr": 0.05, **(protocol or {})}},
+        "seed": seed,
+    })
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(tmp_path_factory):
+    """CIFAR-10-format files of 50 train images: 2 clients of 15 train + 5 val + 5 test images
+    (one fine-tuning step per epoch: a ResNet step is slow on a shared CPU)."""
+    root = tmp_path_factory.mktemp("cifar")
+    with pytest.MonkeyPatch.context() as mp:
+        write_cifar10(root, 10, mp)
+        mp.setenv("PFL_DOWNLOAD", "0")
+        yield str(root)
+
+
+_RUNS: dict = {}
+
+
+def run(cifar_dir, method="ft_bn_c", execution="sequential", **params):
+    """One run per (method, execution, params) for the whole module."""
+    key = (method, execution, tuple(sorted(params.items())))
+    if key not in _RUNS:
+        _RUNS[key] = run_experiment(config(method, params), device="cpu", data_dir=cifar_dir, execution=execution)
+    return _RUNS[key]
+
+
+def test_ft_bn_c_run_logs_pooled_accuracy_and_the_per_client_arrays(cifar_dir):
+    result = run(cifar_dir)
+    arrays = result.arrays["personalization"]
+    assert sorted(arrays) == ["beta", "cid", "correct", "eta", "group", "total", "x", "xi"]
+    assert arrays["beta"].shape == (2, 20) and (arrays["beta"] == 1).all()
+    assert arrays["eta"].shape == (2, 62) and np.allclose(arrays["eta"], 0.05)  # the protocol's FT lr
+    assert arrays["xi"].shape == (2, 20) and arrays["x"].shape == (2, 82)
+    pooled = 100 * arrays["correct"].sum() / arrays["total"].sum()
+    assert result.metrics["acc_pooled"] == pytest.approx(pooled)
+    assert result.metrics["acc"] == pytest.approx(np.mean(100 * arrays["correct"] / arrays["total"]))
+    assert [c["num_samples"] for c in result.clients] == arrays["total"].tolist()
+
+
+def test_global_model_is_the_pretrained_model_on_every_test_split(cifar_dir):
+    setup = prepare_run(config("global_model"), torch.device("cpu"), cifar_dir)
+    result = run(cifar_dir, "global_model")
+    state = pretrained_state({"params": model_params(setup.model)}, setup.model)
+    params, buffers = load_pretrained(setup.model, state, "pretrained")
+    rows = torch.cat([setup.fed.clients[c].splits["test"] for c in setup.fed.train_clients])
+    x, y = setup.fed.dataset.batch(rows)
+    with bn_mode(setup.model, "init"), torch.no_grad():
+        logits, _ = forward_bn(setup.model, params, buffers, x)
+    assert result.metrics["acc_pooled"] == pytest.approx(100 * float((logits.argmax(1) == y).double().mean()))
+    assert (result.arrays["personalization"]["beta"] == 0).all()
+
+
+@pytest.mark.parametrize("method", ["ft_bn_c"])
+def test_batched_execution_equals_sequential(cifar_dir, method):
+    sequential, batched = run(cifar_dir, method), run(cifar_dir, method, "batched")
+    assert sequential.metrics["acc_pooled"] == batched.metrics["acc_pooled"]
+    assert sequential.metrics["eval_loss"] == pytest.approx(batched.metrics["eval_loss"], rel=1e-5)
+
+
+def test_baselines_see_the_same_batches_and_differ_in_their_statistics(cifar_dir):
+    losses = [run(cifar_dir, m).metrics["eval_loss"] for m in ("ft_bn_c", "ft_bn_g", "ft_bn_i", "global_model")]
+    assert len({round(v, 9) for v in losses}) == 4
+
+
+def test_group_accuracy_is_pooled_within_each_group():
+    outcomes = [ClientOutcome(0, 1, 1, 0.5, "snow"), ClientOutcome(1, 0, 3, 1.5, "snow"),
+                ClientOutcome(2, 2, 2, 0.0, "fog")]
+    summary = summarise_outcomes(outcomes)
+    assert summary["acc_group/snow"] == pytest.approx(25.0)
+    assert summary["acc_group/fog"] == pytest.approx(100.0)
+    assert summary["acc_pooled"] == pytest.approx(50.0)
+    assert summary["acc"] == pytest.approx((100 + 0 + 100) / 3)
+    assert summary["eval_loss"] == pytest.approx((0.5 + 0.5 + 0.0) / 3)
+
+
+def test_protocol_errors_name_the_fix(cifar_dir):
+    setup = prepare_run(config(), torch.device("cpu"), cifar_dir)
+    unseen = FinetunePretrained(EvalConfig(clients="unseen"))
+    with pytest.raises(ValueError, match="unseen"):
+        unseen.client_ids(setup.fed)
+    missing = FinetunePretrained(EvalConfig(finetune_splits=["train", "support"]))
+    with pytest.raises(ValueError, match="finetune_splits"):
+        missing.client_ids(setup.fed)
+    fedavg = METHODS.get("fedavg")(setup.model, METHODS.get("fedavg").hyper_class())
+    with pytest.raises(ValueError, match="finetune_recipe"):
+        FinetunePretrained(EvalConfig()).evaluate(fedavg, {"params": model_params(setup.model)}, {})
+
+
+def test_tuning_tests_on_val_and_fine_tunes_without_it(cifar_dir):
+    protocol = FinetunePretrained(EvalConfig(finetune_splits=["train", "val"]), target="validation")
+    assert protocol.test_split == "val" and protocol.finetune_splits == ["train"]
+    with pytest.raises(ValueError, match="nothing to fine-tune"):
+        _ = FinetunePretrained(EvalConfig(finetune_splits=["val"]), target="validation").finetune_splits
