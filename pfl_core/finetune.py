@@ -26,7 +26,7 @@ sample would enter the batch statistics of every BN layer.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -89,10 +89,12 @@ def pretrained_state(server: dict, model: nn.Module) -> PretrainedState:
     return {"params": server["params"], "buffers": buffers}
 
 
-def client_meta_inputs(model: nn.Module, state: PretrainedState, batches: Sequence[torch.Tensor]) -> MetaInputs:
+def client_meta_inputs(model: nn.Module, state: PretrainedState, batches: Sequence[torch.Tensor],
+                       start: tuple[Params, Buffers] | None = None) -> MetaInputs:
     """The meta-net inputs of one client's ``batches`` on the pretrained model (init mode,
-    :func:`pfl_core.meta_inputs.meta_inputs`)."""
-    params, buffers = load_pretrained(model, state)
+    :func:`pfl_core.meta_inputs.meta_inputs`); ``start``: ``load_pretrained(model, state)`` if
+    already at hand (many clients)."""
+    params, buffers = start or load_pretrained(model, state)
     with torch.no_grad():
         xi, x = meta_inputs(model, params, buffers, batches)
     return MetaInputs(xi, x)
@@ -110,17 +112,6 @@ def lr_tree(recipe: FinetuneRecipe, params: Params, default_lr: float) -> Params
                          "parameter tensors (one lr per tensor, in named_parameters order)")
     return {name: torch.as_tensor(lr, dtype=like.dtype, device=like.device).reshape(())
             for name, lr in zip(params, lrs)}
-
-
-def client_start(model: nn.Module, state: PretrainedState, recipe: FinetuneRecipe) -> tuple[Params, Buffers]:
-    """The pretrained parameters and the client's BN buffers: running statistics per
-    ``recipe.running_init``, pretrained statistics as ``init_running_*``, each BN's ``beta``."""
-    params, buffers = load_pretrained(model, state, recipe.running_init)
-    names = bn_names(model)
-    betas = torch.as_tensor(recipe.betas).reshape(-1)
-    if betas.numel() != len(names):
-        raise ValueError(f"FinetuneRecipe.betas has {betas.numel()} values; the model has {len(names)} BN layers")
-    return params, set_betas(buffers, names, betas)
 
 
 # -- the pure part --------------------------------------------------------------------------------
@@ -163,9 +154,8 @@ def finetune_and_test(model: nn.Module, params: Params, buffers: Buffers, lrs: P
 
 
 # -- the host part --------------------------------------------------------------------------------
-def client_generator(seed: int, cid: int) -> torch.Generator:
-    """The client's own random stream for its fine-tuning (the same for every method)."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, cid]).generate_state(1)[0]))
+def _seed(*key: int) -> int:
+    return int(np.random.SeedSequence(list(key)).generate_state(1)[0])
 
 
 def epoch_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -176,44 +166,47 @@ def epoch_batches(index: torch.Tensor, batch_size: int, generator: torch.Generat
 
 @dataclass
 class ClientPlan:
-    """Every batch of one client's evaluation, drawn before any compute: ``meta`` (one augmented
-    epoch for the meta-net inputs), ``train`` (the fine-tuning steps, augmented), ``test`` (fixed
-    order). Batches are (inputs, labels) tensors."""
+    """Every index batch of one client's evaluation, drawn before any compute: ``meta`` (one
+    shuffled epoch for the meta-net inputs), ``train`` (the fine-tuning steps), ``test`` (fixed
+    order), and the seeds of the augmentation of the meta pass and of the fine-tuning batches.
+    Inputs are gathered (and augmented) per stack of clients by :meth:`inputs`, never all at once."""
 
     cid: int
-    meta: list[tuple[torch.Tensor, torch.Tensor]]
-    train: list[tuple[torch.Tensor, torch.Tensor]]
-    test: list[tuple[torch.Tensor, torch.Tensor]]
+    meta: list[torch.Tensor]
+    train: list[torch.Tensor]
+    test: list[torch.Tensor]
+    augment_seeds: tuple[int, int]
     group: str = ""
 
     @property
     def shape(self) -> tuple:
         """The batch sizes of the plan: clients with equal shapes share one vmapped computation."""
-        return tuple(len(y) for _, y in self.train), tuple(len(y) for _, y in self.test)
+        return tuple(b.numel() for b in self.train), tuple(b.numel() for b in self.test)
 
     @property
     def num_test(self) -> int:
-        return sum(len(y) for _, y in self.test)
+        return sum(b.numel() for b in self.test)
 
-    def stacked(self, part: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        batches = getattr(self, part)
+    def inputs(self, dataset, part: str, augment: Augment | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(inputs, labels) of every batch of ``part`` (meta, train, test); meta and train batches
+        augmented by ``augment`` from their own seeded generator (the same draws on every call)."""
+        batches = [dataset.batch(index) for index in getattr(self, part)]
+        if augment is not None and part != "test":
+            generator = torch.Generator().manual_seed(self.augment_seeds[part == "train"])
+            batches = [(augment(x, generator), y) for x, y in batches]
         return [x for x, _ in batches], [y for _, y in batches]
 
 
-def plan_client(dataset, cid: int, finetune_index: torch.Tensor, test_index: torch.Tensor, epochs: int,
-                batch_size: int, test_batch_size: int, generator: torch.Generator,
-                augment: Augment | None = None, group: str = "") -> ClientPlan:
-    """The client's batches (module docstring, step 1): one epoch for the meta-net inputs, then
-    ``epochs`` epochs of fine-tuning, each shuffled by ``generator``; ``augment`` draws from it too."""
-
-    def draw(index):
-        x, y = dataset.batch(index)
-        return (x if augment is None else augment(x, generator)), y
-
-    meta = [draw(b) for b in epoch_batches(finetune_index, batch_size, generator)]
-    train = [draw(b) for _ in range(epochs) for b in epoch_batches(finetune_index, batch_size, generator)]
-    test = [dataset.batch(b) for b in test_index.split(test_batch_size)]
-    return ClientPlan(cid, meta, train, test, group)
+def plan_client(cid: int, finetune_index: torch.Tensor, test_index: torch.Tensor, epochs: int, batch_size: int,
+                test_batch_size: int, seed: int, group: str = "") -> ClientPlan:
+    """The client's batches (module docstring, step 1), from its own streams of ``seed`` (the run's
+    evaluation seed) and its id, so every method sees the same batches: one epoch for the meta-net
+    inputs, then ``epochs`` epochs of fine-tuning, each shuffled anew."""
+    generator = torch.Generator().manual_seed(_seed(seed, cid))
+    meta = epoch_batches(finetune_index, batch_size, generator)
+    train = [b for _ in range(epochs) for b in epoch_batches(finetune_index, batch_size, generator)]
+    test = list(test_index.split(test_batch_size))
+    return ClientPlan(cid, meta, train, test, (_seed(seed, cid, 1), _seed(seed, cid, 2)), group)
 
 
 @dataclass
@@ -223,37 +216,68 @@ class ClientOutcome:
     total: int
     loss: float
     group: str = ""
-    extras: dict = field(default_factory=dict)
 
 
-def finetune_clients(model: nn.Module, state: PretrainedState, plans: list[ClientPlan],
-                     recipes: list[FinetuneRecipe], default_lr: float, batched: bool = False,
-                     stack_size: int = 0) -> list[ClientOutcome]:
+class _Starts:
+    """The clients' start states: the pretrained parameters once per ``running_init`` (shared by
+    every client, never copied per client) and each client's buffers with its own betas."""
+
+    def __init__(self, model: nn.Module, state: PretrainedState):
+        self.model, self.state, self.base = model, state, {}
+        self.names = bn_names(model)
+
+    def __call__(self, recipe: FinetuneRecipe) -> tuple[Params, Buffers]:
+        if recipe.running_init not in self.base:
+            self.base[recipe.running_init] = load_pretrained(self.model, self.state, recipe.running_init)
+        params, buffers = self.base[recipe.running_init]
+        betas = torch.as_tensor(recipe.betas).reshape(-1)
+        if betas.numel() != len(self.names):
+            raise ValueError(f"FinetuneRecipe.betas has {betas.numel()} values; the model has {len(self.names)} "
+                             "BN layers")
+        like = next(iter(params.values()))
+        return params, set_betas(buffers, self.names, betas.to(device=like.device, dtype=like.dtype))
+
+
+def client_start(model: nn.Module, state: PretrainedState, recipe: FinetuneRecipe) -> tuple[Params, Buffers]:
+    """The pretrained parameters and the client's BN buffers: running statistics per
+    ``recipe.running_init``, pretrained statistics as ``init_running_*``, each BN's ``beta``."""
+    return _Starts(model, state)(recipe)
+
+
+def finetune_clients(model: nn.Module, state: PretrainedState, dataset, plans: list[ClientPlan],
+                     recipes: list[FinetuneRecipe], default_lr: float, augment: Augment | None = None,
+                     batched: bool = False, stack_size: int = 0) -> list[ClientOutcome]:
     """Fine-tune and test every client of ``plans`` with its recipe (module docstring). The batched
     path groups the clients whose plans have equal batch shapes and recipes equal ``running_init``,
     ``test_mode`` and ``finetune``, and vmaps :func:`finetune_and_test` over stacks of at most
-    ``stack_size`` of them (0: the whole group); counts are read once per stack."""
-    starts = [client_start(model, state, r) for r in recipes]
-    lrs = [lr_tree(r, p, default_lr) for r, (p, _) in zip(recipes, starts)]
+    ``stack_size`` of them (0: the whole group), the pretrained parameters passed once; a stack's
+    inputs are gathered when it runs. Counts are read from the device once, at the end."""
+    starts = _Starts(model, state)
     counts: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(plans)
 
+    def data(k: int) -> tuple:
+        recipe = recipes[k]
+        train = plans[k].inputs(dataset, "train", augment) if recipe.finetune else ([], [])
+        return train, plans[k].inputs(dataset, "test")
+
     def run(members: list[int]) -> None:
-        recipe, params = recipes[members[0]], starts[members[0]][0]  # a group shares all but buffers, lrs
-        train = None if recipe.finetune else [[], []]
+        recipe = recipes[members[0]]  # a group shares all of its recipe but betas and lrs
+        params = starts(recipe)[0]
         if len(members) == 1 or not batched:
             for k in members:
-                counts[k] = finetune_and_test(model, starts[k][0], starts[k][1], lrs[k],
-                                              train or plans[k].stacked("train"), plans[k].stacked("test"),
-                                              recipe.test_mode)
+                buffers = starts(recipes[k])[1]
+                counts[k] = finetune_and_test(model, params, buffers, lr_tree(recipes[k], params, default_lr),
+                                              *data(k), recipe.test_mode)
             return
         stack = lambda trees: {key: torch.stack([t[key] for t in trees]) for key in trees[0]}
-        buffers = stack([starts[k][1] for k in members])
-        lr = stack([lrs[k] for k in members])
-        tr = train or [[torch.stack(b) for b in zip(*(plans[k].stacked("train")[j] for k in members))]
-                       for j in range(2)]
-        te = [[torch.stack(b) for b in zip(*(plans[k].stacked("test")[j] for k in members))] for j in range(2)]
-        fn = lambda b, l, tr, te: finetune_and_test(model, params, b, l, tr, te, recipe.test_mode)
-        correct, loss = vmap(fn)(buffers, lr, tr, te)
+        buffers = stack([starts(recipes[k])[1] for k in members])
+        lrs = stack([lr_tree(recipes[k], params, default_lr) for k in members])
+        per_client = [data(k) for k in members]
+        # [part][xs|ys][batch] -> stacked over the members
+        train, test = ([[torch.stack(column) for column in zip(*(c[part][j] for c in per_client))] for j in (0, 1)]
+                       for part in (0, 1))
+        fn = lambda b, lr, tr, te: finetune_and_test(model, params, b, lr, tr, te, recipe.test_mode)
+        correct, loss = vmap(fn)(buffers, lrs, train, test)
         for pos, k in enumerate(members):
             counts[k] = (correct[pos], loss[pos])
 

@@ -31,9 +31,9 @@ import torch
 from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
 from pfl_core.data.federated import FederatedData
 from pfl_core.evaluation import PROTOCOLS, ClientResult, EvalResult, Protocol, check_finite_results
-from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, MetaInputs, client_generator, client_meta_inputs,
-                               finetune_clients, lr_tree, mean_accuracy, plan_client, pooled_accuracy,
-                               pretrained_state)
+from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, MetaInputs, client_meta_inputs, finetune_clients,
+                               lr_tree, mean_accuracy, plan_client, pooled_accuracy, pretrained_state)
+from pfl_core.models.kld_bn import load_pretrained
 
 #: the summary keys of ``finetune_pretrained`` beyond the shared ones (``acc_group/<group>`` too)
 FINETUNE_KEYS = ("acc_pooled",)
@@ -83,17 +83,19 @@ class FinetunePretrained(Protocol):
         model, cfg = algorithm.model, self.cfg
         state = pretrained_state(server, model)
         augment = self._augment() if cfg.augment else None
+        dataset = next(iter(contexts.values())).dataset if contexts else None
         plans = []
         for ctx in contexts.values():
             index = torch.cat([ctx.client.splits[s] for s in self.finetune_splits])
             batch_size = cfg.batch_size or (ctx.streams["train"].batch_size if "train" in ctx.streams else 32)
-            plans.append(plan_client(ctx.dataset, ctx.cid, index, ctx.client.splits[self.test_split], cfg.epochs,
-                                     batch_size, cfg.test_batch_size, client_generator(self.seed, ctx.cid),
-                                     augment, str(ctx.client.meta.get("group", ""))))
-        inputs = [client_meta_inputs(model, state, [x for x, _ in plan.meta]) for plan in plans]
+            plans.append(plan_client(ctx.cid, index, ctx.client.splits[self.test_split], cfg.epochs, batch_size,
+                                     cfg.test_batch_size, self.seed, str(ctx.client.meta.get("group", ""))))
+        start = load_pretrained(model, state)
+        inputs = [client_meta_inputs(model, state, plan.inputs(dataset, "meta", augment)[0], start)
+                  for plan in plans]
         recipes = [algorithm.finetune_recipe(server, state, meta) for meta in inputs]
         batched = executor is not None and executor.execution == "batched"
-        outcomes = finetune_clients(model, state, plans, recipes, cfg.lr, batched, cfg.stack_size)
+        outcomes = finetune_clients(model, state, dataset, plans, recipes, cfg.lr, augment, batched, cfg.stack_size)
         results = [ClientResult(o.cid, o.total, [o.correct / o.total], [o.loss / o.total]) for o in outcomes]
         check_finite_results(results)
         arrays = {ARRAYS_ARTIFACT: client_arrays(outcomes, recipes, inputs, state, cfg.lr)}

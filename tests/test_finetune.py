@@ -11,9 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pfl_core.data.federated import ArrayDataset
-from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, client_generator, client_meta_inputs,
-                               client_start, finetune, finetune_clients, lr_tree, mean_accuracy, plan_client,
-                               pooled_accuracy, score_test)
+from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, client_meta_inputs, client_start, finetune,
+                               finetune_clients, lr_tree, mean_accuracy, plan_client, pooled_accuracy, score_test)
 from pfl_core.models.kld_bn import KLDBatchNorm2d, bn_names
 from pfl_core.training import model_params
 
@@ -166,32 +165,32 @@ def _dataset(n=120, seed=0):
 def test_plan_draws_ceil_n_over_32_steps_per_epoch_shuffled_each_epoch():
     data = _dataset()
     index, test = torch.arange(50), torch.arange(50, 110)
-    plan = plan_client(data, 7, index, test, epochs=3, batch_size=32, test_batch_size=50,
-                       generator=client_generator(5, 7))
-    assert [len(y) for _, y in plan.train] == [32, 18] * 3  # ceil(50/32) * e steps, the last one short
-    assert [len(y) for _, y in plan.test] == [50, 10]
-    torch.testing.assert_close(torch.cat([x for x, _ in plan.test]), data.x[test])  # fixed order
-    epochs = [torch.cat([x for x, _ in plan.train[2 * e:2 * e + 2]]) for e in range(3)]
+    plan = plan_client(7, index, test, epochs=3, batch_size=32, test_batch_size=50, seed=5)
+    assert [b.numel() for b in plan.train] == [32, 18] * 3  # ceil(50/32) * e steps, the last one short
+    assert [b.numel() for b in plan.meta] == [32, 18]
+    assert [b.numel() for b in plan.test] == [50, 10]
+    xs, ys = plan.inputs(data, "test")
+    torch.testing.assert_close(torch.cat(xs), data.x[test])  # fixed order
+    epochs = [torch.cat(plan.train[2 * e:2 * e + 2]) for e in range(3)]
     for e in epochs:  # every epoch is a permutation of the client's samples
-        assert sorted(e[:, 0, 0, 0].tolist()) == sorted(data.x[index][:, 0, 0, 0].tolist())
+        assert sorted(e.tolist()) == index.tolist()
     assert not torch.equal(epochs[0], epochs[1])
-    again = plan_client(data, 7, index, test, 3, 32, 50, client_generator(5, 7))
-    other = plan_client(data, 8, index, test, 3, 32, 50, client_generator(5, 8))
-    assert torch.equal(again.train[0][0], plan.train[0][0]) and not torch.equal(other.train[0][0], plan.train[0][0])
+    again, other = plan_client(7, index, test, 3, 32, 50, 5), plan_client(8, index, test, 3, 32, 50, 5)
+    assert torch.equal(again.train[0], plan.train[0]) and not torch.equal(other.train[0], plan.train[0])
 
 
-def test_plan_applies_the_augmentation_per_batch_with_the_client_generator():
+def test_plan_augments_meta_and_train_batches_with_their_own_seeded_draws():
     data = _dataset()
-    seen = []
-
-    def augment(x, generator):
-        seen.append(generator)
-        return x + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype)
-
-    gen = client_generator(0, 1)
-    plan = plan_client(data, 1, torch.arange(40), torch.arange(40, 50), 1, 32, 50, gen, augment)
-    assert len(seen) == len(plan.meta) + len(plan.train) and all(s is gen for s in seen)
-    assert torch.equal(plan.test[0][0], data.x[40:50])  # the test split is never augmented
+    augment = lambda x, generator: x + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype)
+    plan = plan_client(1, torch.arange(40), torch.arange(40, 50), 1, 32, 50, seed=0)
+    train, again = plan.inputs(data, "train", augment)[0], plan.inputs(data, "train", augment)[0]
+    plain = plan.inputs(data, "train")[0]
+    assert all(torch.equal(a, b) for a, b in zip(train, again))  # the same draws on every call
+    shift = train[0] - plain[0]
+    assert not torch.equal(train[0], plain[0]) and shift.flatten(1).std(1).max() < 1e-12  # per sample
+    assert len(set(shift[:, 0, 0, 0].tolist())) == len(shift)
+    assert not torch.equal(plan.inputs(data, "meta", augment)[0][0] - plan.inputs(data, "meta")[0][0], shift)
+    assert torch.equal(plan.inputs(data, "test", augment)[0][0], data.x[40:50])  # the test split never is
 
 
 def _plans(sizes, data):
@@ -199,7 +198,7 @@ def _plans(sizes, data):
     for cid, (n_train, n_test) in enumerate(sizes):
         train, test = torch.arange(start, start + n_train), torch.arange(start + n_train, start + n_train + n_test)
         start += n_train + n_test
-        plans.append(plan_client(data, cid, train, test, 2, 8, 5, client_generator(3, cid), group=f"g{cid % 2}"))
+        plans.append(plan_client(cid, train, test, 2, 8, 5, seed=3, group=f"g{cid % 2}"))
     return plans
 
 
@@ -214,9 +213,11 @@ def test_batched_equals_sequential_over_clients_of_unequal_sizes():
                               list(torch.rand(n, generator=g, dtype=torch.float64) * 0.5), "reset", "eval")
                for _ in plans]
     recipes[1] = FinetuneRecipe(torch.ones(2, dtype=torch.float64), 0.1, "pretrained", "train")
-    sequential = finetune_clients(model, state, plans, recipes, 0.1, batched=False)
+    augment = lambda x, generator: x.flip(-1) * (1 + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype))
+    sequential = finetune_clients(model, state, data, plans, recipes, 0.1, augment, batched=False)
     for stack_size in (0, 2):
-        batched = finetune_clients(model, state, plans, recipes, 0.1, batched=True, stack_size=stack_size)
+        batched = finetune_clients(model, state, data, plans, recipes, 0.1, augment, batched=True,
+                                   stack_size=stack_size)
         for s, b in zip(sequential, batched):
             assert (s.cid, s.correct, s.total, s.group) == (b.cid, b.correct, b.total, b.group)
             assert b.loss == pytest.approx(s.loss, rel=1e-10)
@@ -230,11 +231,11 @@ def test_no_finetuning_recipe_tests_the_pretrained_model():
     plans = _plans([(12, 7)], data)
     frozen = FinetuneRecipe(torch.zeros(2, dtype=torch.float64), 0.0, "pretrained", finetune=False)
     tuned = FinetuneRecipe(torch.zeros(2, dtype=torch.float64), 0.5, "pretrained")
-    out = finetune_clients(model, state, plans, [frozen], 0.1)[0]
+    out = finetune_clients(model, state, data, plans, [frozen], 0.1)[0]
     params, buffers = client_start(model, state, frozen)
-    correct, loss = score_test(model, params, buffers, *plans[0].stacked("test"))
+    correct, loss = score_test(model, params, buffers, *plans[0].inputs(data, "test"))
     assert (out.correct, out.loss) == (int(correct), pytest.approx(float(loss)))
-    assert finetune_clients(model, state, plans, [tuned], 0.1)[0].loss != pytest.approx(out.loss)
+    assert finetune_clients(model, state, data, plans, [tuned], 0.1)[0].loss != pytest.approx(out.loss)
 
 
 def test_pooled_and_mean_accuracy_differ_on_unequal_test_sizes():
