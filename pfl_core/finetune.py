@@ -65,6 +65,10 @@ class FinetuneRecipe:
     own statistics (FT (BN I), spec "Baselines")."""
     finetune: bool = True
     """False: test the pretrained model without any fine-tuning step (Global Accuracy, Tables 2, 4)."""
+    skip_nonfinite: bool = False
+    """True: a step whose loss is NaN/inf leaves the parameters as they are (its train-mode forward
+    has moved the running statistics already), as the FedL2P client's evaluation does; the plain
+    FT client does not skip (spec "Implementation details" 4)."""
 
 
 @dataclass
@@ -116,9 +120,11 @@ def lr_tree(recipe: FinetuneRecipe, params: Params, default_lr: float) -> Params
 
 # -- the pure part --------------------------------------------------------------------------------
 def finetune(model: nn.Module, params: Params, buffers: Buffers, lrs: Params,
-             xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> tuple[Params, Buffers]:
+             xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor],
+             skip_nonfinite: bool = False) -> tuple[Params, Buffers]:
     """One SGD step per batch of ``xs``/``ys``, in train mode: w_j <- w_j - lrs[j] g_j; the BN
-    running statistics follow each batch (momentum 0.1). Pure: runs under ``vmap``."""
+    running statistics follow each batch (momentum 0.1). ``skip_nonfinite``: a step whose loss is
+    not finite keeps the parameters (:attr:`FinetuneRecipe.skip_nonfinite`). Pure: runs under ``vmap``."""
 
     def loss_fn(p, b, x, y):
         logits, new_buffers = forward_bn(model, p, b, x)
@@ -126,8 +132,12 @@ def finetune(model: nn.Module, params: Params, buffers: Buffers, lrs: Params,
 
     with bn_mode(model, "train"):
         for x, y in zip(xs, ys):
-            grads, (_, buffers) = value_and_grad(loss_fn, params, buffers, x, y, has_aux=True)
-            params = {name: p - lrs[name] * grads[name] for name, p in params.items()}
+            grads, (loss, buffers) = value_and_grad(loss_fn, params, buffers, x, y, has_aux=True)
+            new = {name: p - lrs[name] * grads[name] for name, p in params.items()}
+            if skip_nonfinite:
+                ok = torch.isfinite(loss)
+                new = {name: torch.where(ok, new[name], p) for name, p in params.items()}
+            params = new
     return params, buffers
 
 
@@ -147,10 +157,11 @@ def score_test(model: nn.Module, params: Params, buffers: Buffers, xs: Sequence[
 
 
 def finetune_and_test(model: nn.Module, params: Params, buffers: Buffers, lrs: Params, train, test,
-                      test_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`finetune` on ``train`` = (xs, ys), then :func:`score_test` on ``test`` = (xs, ys)."""
-    params, buffers = finetune(model, params, buffers, lrs, *train)
-    return score_test(model, params, buffers, *test, test_mode=test_mode)
+                      recipe: FinetuneRecipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`finetune` on ``train`` = (xs, ys), then :func:`score_test` on ``test`` = (xs, ys),
+    as ``recipe`` says (its test mode and non-finite rule; betas and lrs are in ``buffers``, ``lrs``)."""
+    params, buffers = finetune(model, params, buffers, lrs, *train, skip_nonfinite=recipe.skip_nonfinite)
+    return score_test(model, params, buffers, *test, test_mode=recipe.test_mode)
 
 
 # -- the host part --------------------------------------------------------------------------------
@@ -249,7 +260,7 @@ def finetune_clients(model: nn.Module, state: PretrainedState, dataset, plans: l
                      batched: bool = False, stack_size: int = 0) -> list[ClientOutcome]:
     """Fine-tune and test every client of ``plans`` with its recipe (module docstring). The batched
     path groups the clients whose plans have equal batch shapes and recipes equal ``running_init``,
-    ``test_mode`` and ``finetune``, and vmaps :func:`finetune_and_test` over stacks of at most
+    ``test_mode``, ``finetune`` and ``skip_nonfinite``, and vmaps :func:`finetune_and_test` over stacks of at most
     ``stack_size`` of them (0: the whole group), the pretrained parameters passed once; a stack's
     inputs are gathered when it runs. Counts are read from the device once, at the end."""
     starts = _Starts(model, state)
@@ -267,7 +278,7 @@ def finetune_clients(model: nn.Module, state: PretrainedState, dataset, plans: l
             for k in members:
                 buffers = starts(recipes[k])[1]
                 counts[k] = finetune_and_test(model, params, buffers, lr_tree(recipes[k], params, default_lr),
-                                              *data(k), recipe.test_mode)
+                                              *data(k), recipe)
             return
         stack = lambda trees: {key: torch.stack([t[key] for t in trees]) for key in trees[0]}
         buffers = stack([starts(recipes[k])[1] for k in members])
@@ -276,14 +287,14 @@ def finetune_clients(model: nn.Module, state: PretrainedState, dataset, plans: l
         # [part][xs|ys][batch] -> stacked over the members
         train, test = ([[torch.stack(column) for column in zip(*(c[part][j] for c in per_client))] for j in (0, 1)]
                        for part in (0, 1))
-        fn = lambda b, lr, tr, te: finetune_and_test(model, params, b, lr, tr, te, recipe.test_mode)
+        fn = lambda b, lr, tr, te: finetune_and_test(model, params, b, lr, tr, te, recipe)
         correct, loss = vmap(fn)(buffers, lrs, train, test)
         for pos, k in enumerate(members):
             counts[k] = (correct[pos], loss[pos])
 
     groups: dict[tuple, list[int]] = {}
     for i, (plan, recipe) in enumerate(zip(plans, recipes)):
-        key = (plan.shape, recipe.running_init, recipe.test_mode, recipe.finetune)
+        key = (plan.shape, recipe.running_init, recipe.test_mode, recipe.finetune, recipe.skip_nonfinite)
         groups.setdefault(key, []).append(i)
     for members in groups.values():
         size = stack_size or len(members)

@@ -252,3 +252,30 @@ def test_meta_inputs_are_the_foundations_on_the_pretrained_state():
     inputs = client_meta_inputs(model, state, x)
     assert inputs.xi.shape == (2,) and inputs.lr_stats.shape == (2 * 5,)
     assert (inputs.xi >= 0).all()
+
+
+def test_skip_nonfinite_keeps_the_parameters_of_a_nan_step_and_moves_the_statistics():
+    model = _model()
+    state = _state(model)
+    xs, ys = _batches(3, 6)
+    xs[1] = xs[1].clone()
+    xs[1][0, 0, 0, 0] = float("nan")  # the second step's loss is NaN
+    recipe = FinetuneRecipe(torch.ones(2, dtype=torch.float64), 0.3, "pretrained", skip_nonfinite=True)
+    params, buffers = client_start(model, state, recipe)
+    lrs = lr_tree(recipe, params, 0.3)
+    skipped, skipped_buffers = finetune(model, params, buffers, lrs, xs, ys, skip_nonfinite=True)
+    clean, _ = finetune(model, params, buffers, lrs, [xs[0], xs[2]], [ys[0], ys[2]])
+    for name in clean:
+        torch.testing.assert_close(skipped[name], clean[name])
+    assert int(skipped_buffers["bn1.num_batches_tracked"]) == 3
+    assert torch.isnan(skipped_buffers["bn1.running_mean"]).any()  # the NaN batch's forward ran (the code's order)
+    nan, _ = finetune(model, params, buffers, lrs, xs, ys)
+    assert torch.isnan(nan["fc.weight"]).all()  # the plain FT client does not skip
+    data = _dataset()
+    data.x[3, 0, 0, 0] = float("nan")  # a training sample of client 0
+    plans = _plans([(12, 7), (12, 7), (12, 7)], data)
+    outs = [finetune_clients(model, state, data, plans, [recipe] * 3, 0.3, batched=b) for b in (False, True)]
+    assert [o.correct for o in outs[0]] == [o.correct for o in outs[1]]
+    torch.testing.assert_close(torch.tensor([o.loss for o in outs[0]]), torch.tensor([o.loss for o in outs[1]]),
+                               equal_nan=True)
+    assert math.isfinite(outs[0][1].loss)
