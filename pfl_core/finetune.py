@@ -42,8 +42,9 @@ from pfl_core.training import Params, value_and_grad
 #: ``{"params": Params, "buffers": {"<bn>.running_mean": ..., "<bn>.running_var": ...}}`` (stage 1)
 PretrainedState = dict
 Buffers = dict[str, torch.Tensor]
-#: per-sample augmentation of a batch of model inputs with host-side randomness
-Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+#: per-sample augmented model inputs and labels of dataset rows ``(dataset, index, generator)``,
+#: the random draws taken from ``generator`` on the host
+Augment = Callable[[object, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -201,10 +202,11 @@ class ClientPlan:
     def inputs(self, dataset, part: str, augment: Augment | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(inputs, labels) of every batch of ``part`` (meta, train, test); meta and train batches
         augmented by ``augment`` from their own seeded generator (the same draws on every call)."""
-        batches = [dataset.batch(index) for index in getattr(self, part)]
-        if augment is not None and part != "test":
+        if augment is None or part == "test":
+            batches = [dataset.batch(index) for index in getattr(self, part)]
+        else:
             generator = torch.Generator().manual_seed(self.augment_seeds[part == "train"])
-            batches = [(augment(x, generator), y) for x, y in batches]
+            batches = [augment(dataset, index, generator) for index in getattr(self, part)]
         return [x for x, _ in batches], [y for _, y in batches]
 
 

@@ -181,7 +181,10 @@ def test_plan_draws_ceil_n_over_32_steps_per_epoch_shuffled_each_epoch():
 
 def test_plan_augments_meta_and_train_batches_with_their_own_seeded_draws():
     data = _dataset()
-    augment = lambda x, generator: x + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype)
+    def augment(dataset, index, generator):
+        x, y = dataset.batch(index)
+        return x + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype), y
+
     plan = plan_client(1, torch.arange(40), torch.arange(40, 50), 1, 32, 50, seed=0)
     train, again = plan.inputs(data, "train", augment)[0], plan.inputs(data, "train", augment)[0]
     plain = plan.inputs(data, "train")[0]
@@ -213,7 +216,10 @@ def test_batched_equals_sequential_over_clients_of_unequal_sizes():
                               list(torch.rand(n, generator=g, dtype=torch.float64) * 0.5), "reset", "eval")
                for _ in plans]
     recipes[1] = FinetuneRecipe(torch.ones(2, dtype=torch.float64), 0.1, "pretrained", "train")
-    augment = lambda x, generator: x.flip(-1) * (1 + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype))
+    def augment(dataset, index, generator):
+        x, y = dataset.batch(index)
+        return x.flip(-1) * (1 + torch.rand(x.shape[0], 1, 1, 1, generator=generator, dtype=x.dtype)), y
+
     sequential = finetune_clients(model, state, data, plans, recipes, 0.1, augment, batched=False)
     for stack_size in (0, 2):
         batched = finetune_clients(model, state, data, plans, recipes, 0.1, augment, batched=True,
