@@ -108,9 +108,10 @@ class EvalConfig(HyperParams):
     clients: Literal["seen", "unseen"] = "seen"
     """Protocol ``finetune_pretrained``: which clients are evaluated, the training clients
     (``seen``) or the held-out ones (``unseen``: Speech Commands' unseen speaker pool, Table 4)."""
-    stack_size: NonNegativeInt = 0
+    stack_size: NonNegativeInt = 64
     """Protocol ``finetune_pretrained``, batched path: clients per vmapped stack (0: all clients of
-    equal batch shapes at once); bounds the memory of the stacked buffers and batches."""
+    equal batch shapes at once). Memory only (the numbers do not depend on it): a stack trains
+    ``stack_size`` x ``batch_size`` images per step and holds their inputs for all its steps."""
 
     def lr_at(self, step: int) -> float:
         return self.lr * self.gamma ** (step // self.decay_every)
