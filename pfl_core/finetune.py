@@ -2,7 +2,7 @@
 steps 2-5), the per-client recipe that says how, and the meta-net inputs a recipe may read.
 
 A method personalizes the pretrained model through a :class:`FinetuneRecipe` (its
-``finetune_recipe(server, pretrained, inputs)``): the KLD-BN mixing ratios beta (one per BN layer),
+``finetune_recipe(server, pretrained, inputs, client)``): the KLD-BN mixing ratios beta (one per BN layer),
 the learning rates (one per parameter tensor, or one for all), where the client's running statistics
 start and whether the test normalises with running (eval mode) or batch statistics (train mode).
 

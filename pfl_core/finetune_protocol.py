@@ -9,8 +9,9 @@ ones for Speech Commands' unseen pool) personalizes the pretrained model and is 
 2. the meta-net inputs (xi, LRNet statistics) are computed once, on one per-sample augmented epoch
    of that data, with the pretrained model in init mode (:mod:`pfl_core.meta_inputs`);
 3. the method turns them into a :class:`~pfl_core.finetune.FinetuneRecipe`
-   (``finetune_recipe(server, pretrained, inputs)``: betas, per-tensor lrs, running-statistics
-   start, test mode);
+   (``finetune_recipe(server, pretrained, inputs, client)``: betas, per-tensor lrs,
+   running-statistics start, test mode; ``client``, the client's context, for a method with
+   per-client state such as L2P's own lambda);
 4. e epochs of fine-tuning, then the test split at batch 50 (:func:`pfl_core.finetune.finetune_clients`,
    vmapped over clients on the batched path).
 
@@ -65,8 +66,9 @@ class FinetunePretrained(Protocol):
     def client_ids(self, fed: FederatedData) -> list[int]:
         ids = fed.train_clients if self.cfg.clients == "seen" else fed.unseen_clients
         if not ids:
-            raise ValueError("evaluation.params.clients: unseen needs held-out clients (data.unseen_fraction > 0 "
-                             "or a dataset with an unseen pool)")
+            raise ValueError(f"evaluation.params.clients: {self.cfg.clients} names no client of this run"
+                             + (" (unseen needs held-out clients: data.unseen_fraction > 0 or a dataset with an "
+                                "unseen pool)" if self.cfg.clients == "unseen" else ""))
         for split in (*self.finetune_splits, self.test_split):
             missing = [c for c in ids if split not in fed.clients[c].splits]
             if missing:
@@ -93,7 +95,7 @@ class FinetunePretrained(Protocol):
         start = load_pretrained(model, state)
         inputs = [client_meta_inputs(model, state, plan.inputs(dataset, "meta", augment)[0], start)
                   for plan in plans]
-        recipes = [algorithm.finetune_recipe(server, state, meta) for meta in inputs]
+        recipes = [algorithm.finetune_recipe(server, state, meta, ctx) for meta, ctx in zip(inputs, contexts.values())]
         batched = executor is not None and executor.execution == "batched"
         outcomes = finetune_clients(model, state, dataset, plans, recipes, cfg.lr, augment, batched, cfg.stack_size)
         results = [ClientResult(o.cid, o.total, [o.correct / o.total], [o.loss / o.total]) for o in outcomes]

@@ -121,3 +121,31 @@ def test_tuning_tests_on_val_and_fine_tunes_without_it(cifar_dir):
     assert protocol.test_split == "val" and protocol.finetune_splits == ["train"]
     with pytest.raises(ValueError, match="nothing to fine-tune"):
         _ = FinetunePretrained(EvalConfig(finetune_splits=["val"]), target="validation").finetune_splits
+
+
+def test_each_client_gets_its_own_recipe_from_its_own_inputs(cifar_dir):
+    """The protocol hands the method each client's meta-net inputs and context (L2P's per-client
+    lambda); the recipes' betas are what the arrays record."""
+    from pfl_core.algorithms.ft_bn import FTBNG
+    from pfl_core.federation import make_contexts
+
+    seen = []
+
+    class PerClient(FTBNG):
+        def finetune_recipe(self, server, pretrained, inputs, client=None):
+            seen.append((client.cid, inputs.xi.clone()))
+            recipe = super().finetune_recipe(server, pretrained, inputs, client)
+            recipe.betas = torch.full_like(recipe.betas, client.cid / 10)
+            return recipe
+
+    setup = prepare_run(config(), torch.device("cpu"), cifar_dir)
+    protocol = FinetunePretrained(EvalConfig(epochs=0, augment=False, finetune_splits=["train", "val"]))
+    ids = protocol.client_ids(setup.fed)
+    contexts = make_contexts(setup.fed, ids, setup.cfg.federation, setup.streams, "eval", 32)
+    result = protocol.evaluate(PerClient(setup.model, FTBNG.hyper_class()), {"params": model_params(setup.model)},
+                               contexts)
+    arrays = result.arrays["personalization"]
+    assert [cid for cid, _ in seen] == ids == arrays["cid"].tolist()
+    np.testing.assert_allclose(arrays["beta"][:, 0], [cid / 10 for cid in ids])
+    np.testing.assert_allclose(arrays["xi"], np.stack([xi.numpy() for _, xi in seen]))
+    assert not np.allclose(arrays["xi"][0], arrays["xi"][1])  # two clients' own data

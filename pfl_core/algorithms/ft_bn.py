@@ -45,7 +45,9 @@ class PretrainedOnly(Algorithm):
         """``value`` for every BN layer of the model."""
         return torch.full((len(bn_names(self.model)),), float(value))
 
-    def finetune_recipe(self, server: ServerState, pretrained: PretrainedState, inputs: MetaInputs) -> FinetuneRecipe:
+    def finetune_recipe(self, server: ServerState, pretrained: PretrainedState, inputs: MetaInputs,
+                        client: ClientContext | None = None) -> FinetuneRecipe:
+        """How every client fine-tunes (the same for all clients: no meta-net)."""
         raise NotImplementedError
 
 
@@ -63,7 +65,7 @@ class FTBNC(PretrainedOnly):
 
     hyper_class = FTBNCHyper
 
-    def finetune_recipe(self, server, pretrained, inputs) -> FinetuneRecipe:
+    def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(1.0), None, running_init=self.hp.running_init)
 
 
@@ -73,7 +75,7 @@ class FTBNG(PretrainedOnly):
 
     hyper_class = HyperParams
 
-    def finetune_recipe(self, server, pretrained, inputs) -> FinetuneRecipe:
+    def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(0.0), None, running_init="pretrained")
 
 
@@ -83,5 +85,5 @@ class FTBNI(PretrainedOnly):
 
     hyper_class = HyperParams
 
-    def finetune_recipe(self, server, pretrained, inputs) -> FinetuneRecipe:
+    def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(1.0), None, running_init="pretrained", test_mode="train")

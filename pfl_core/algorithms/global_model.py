@@ -14,5 +14,5 @@ from pfl_core.finetune import FinetuneRecipe
 class GlobalModel(PretrainedOnly):
     hyper_class = HyperParams
 
-    def finetune_recipe(self, server, pretrained, inputs) -> FinetuneRecipe:
+    def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(0.0), 0.0, running_init="pretrained", finetune=False)
