@@ -380,6 +380,10 @@ class Protocol:
     never reads a test client or a test split.
     """
 
+    seed: int = 0
+    """The run's evaluation seed (stream ``evaluation``), set by :func:`pfl_core.experiment.prepare_run`,
+    for protocols that draw (``finetune_pretrained``, ``novel_class``)."""
+
     def __init__(self, cfg: EvalConfig, target: str = "test"):
         if target not in ("test", "validation"):
             raise ValueError(f"evaluation target must be 'test' or 'validation', got {target!r}")
@@ -399,6 +403,7 @@ class Protocol:
         result = self._evaluate(algorithm, server, contexts, executor)
         if self.cfg.val_split and self.target == "test":
             val = type(self)(replace(self.cfg, split=self.cfg.val_split, val_split=""), self.target)
+            val.seed = self.seed  # the same evaluation streams
             after = val._evaluate(algorithm, server, contexts, executor)
             result.summary.update({f"val_{k}": v for k, v in after.summary.items()})
         return result

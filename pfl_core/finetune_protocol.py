@@ -46,10 +46,8 @@ ARRAYS_ARTIFACT = "personalization"
 
 @PROTOCOLS.register("finetune_pretrained")
 class FinetunePretrained(Protocol):
-    """Module docstring."""
-
-    seed = 0
-    """Set per run (the evaluation stream of the run seed) by :func:`pfl_core.experiment.prepare_run`."""
+    """Module docstring. Its batches come from ``self.seed`` (the run's evaluation seed) and each
+    client's id."""
 
     @property
     def test_split(self) -> str:

@@ -149,3 +149,24 @@ def test_each_client_gets_its_own_recipe_from_its_own_inputs(cifar_dir):
     np.testing.assert_allclose(arrays["beta"][:, 0], [cid / 10 for cid in ids])
     np.testing.assert_allclose(arrays["xi"], np.stack([xi.numpy() for _, xi in seen]))
     assert not np.allclose(arrays["xi"][0], arrays["xi"][1])  # two clients' own data
+
+
+def test_a_val_split_evaluation_keeps_the_run_seed(cifar_dir):
+    """evaluation.params.val_split: val tests the val split with the run's evaluation streams,
+    fine-tuning on train alone."""
+    seen = []
+
+    class Recording(FinetunePretrained):
+        def _evaluate(self, algorithm, server, contexts, executor=None):
+            seen.append((self.seed, self.test_split, self.finetune_splits))
+            return super()._evaluate(algorithm, server, contexts, executor)
+
+    from pfl_core.federation import make_contexts
+
+    setup = prepare_run(config("global_model"), torch.device("cpu"), cifar_dir)
+    protocol = Recording(EvalConfig(epochs=0, augment=False, finetune_splits=["train", "val"], val_split="val"))
+    protocol.seed = 17
+    contexts = make_contexts(setup.fed, protocol.client_ids(setup.fed), setup.cfg.federation, setup.streams, "eval", 32)
+    result = protocol.evaluate(setup.algorithm, {"params": model_params(setup.model)}, contexts)
+    assert seen == [(17, "test", ["train", "val"]), (17, "val", ["train"])]
+    assert "val_acc_pooled" in result.summary and "acc_pooled" in result.summary
