@@ -170,3 +170,18 @@ def test_a_val_split_evaluation_keeps_the_run_seed(cifar_dir):
     result = protocol.evaluate(setup.algorithm, {"params": model_params(setup.model)}, contexts)
     assert seen == [(17, "test", ["train", "val"]), (17, "val", ["train"])]
     assert "val_acc_pooled" in result.summary and "acc_pooled" in result.summary
+
+
+def test_suites_may_tabulate_group_and_pooled_accuracy(tmp_path):
+    """A suite's metric.key may name acc_pooled and any acc_group/<group> (not round/ history)."""
+    from benchmarks.suite import SuiteError, load_suite
+    from conftest import tiny_suite_dict, write_suite
+
+    for key in ("acc_pooled", "acc_group/snow"):
+        data = tiny_suite_dict()
+        data["metric"]["key"] = key
+        assert load_suite(write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", data)).metric["key"] == key
+    data = tiny_suite_dict()
+    data["metric"].update(key="round/acc_group/snow", aggregate="best_val_round")
+    with pytest.raises(SuiteError, match="metric.key"):
+        load_suite(write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", data))
