@@ -82,8 +82,10 @@ class FinetunePretrained(Protocol):
                              "has no finetune_recipe")
         model, cfg = algorithm.model, self.cfg
         state = pretrained_state(server, model)
-        augment = self._augment() if cfg.augment else None
         dataset = next(iter(contexts.values())).dataset if contexts else None
+        if hasattr(dataset, "for_evaluation"):  # Office: the code's evaluation path is not normalised (l2p-domains)
+            dataset = dataset.for_evaluation()
+        augment = self._augment(dataset) if cfg.augment and dataset is not None else None
         plans = []
         for ctx in contexts.values():
             index = torch.cat([ctx.client.splits[s] for s in self.finetune_splits])
@@ -101,14 +103,37 @@ class FinetunePretrained(Protocol):
         arrays = {ARRAYS_ARTIFACT: client_arrays(outcomes, recipes, inputs, state, cfg.lr)}
         return EvalResult(results, summarise_outcomes(outcomes), arrays=arrays)
 
-    def _augment(self):
-        try:
-            from pfl_core.augment import per_sample_augment
-        except ImportError:
-            raise ValueError("evaluation.params.augment: true needs the per-sample augmentation of "
-                             "pfl_core.augment (FedL2P data, issue 14), which this checkout lacks; "
-                             "set evaluation.params.augment: false") from None
-        return per_sample_augment
+    def _augment(self, dataset):
+        """The dataset's per-sample augmentation (:data:`PER_SAMPLE_AUGMENT`)."""
+        if dataset.name not in PER_SAMPLE_AUGMENT:
+            raise ValueError(f"evaluation.params.augment: no per-sample augmentation is wired for dataset "
+                             f"{dataset.name!r} (known: {sorted(PER_SAMPLE_AUGMENT)}); set "
+                             "evaluation.params.augment: false")
+        return PER_SAMPLE_AUGMENT[dataset.name]
+
+
+def crop_flip_augment(dataset, index: torch.Tensor, generator: torch.Generator):
+    """CIFAR-10 / CIFAR-10-C: RandomCrop(32, padding 4) + RandomHorizontalFlip per sample on the
+    [0, 1] images, then the dataset's Normalize (the code's evaluation transform)."""
+    from pfl_core.augment import crop_flip, draw_crop_flip  # the FedL2P data module (issue 14)
+
+    x, y = dataset.raw_batch(index)
+    return dataset.normalize(crop_flip(x, draw_crop_flip(len(y), generator))), y
+
+
+def flip_rotate_augment(dataset, index: torch.Tensor, generator: torch.Generator):
+    """Office-Caltech-10 / DomainNet: RandomHorizontalFlip + RandomRotation(+-30) per sample on the
+    [0, 1] images, then the dataset's normalisation (none on Office's evaluation path)."""
+    from pfl_core.augment_domains import draw_flip_rotate, flip_rotate  # FedL2P domains (issue 14)
+
+    x, y = dataset.raw_batch(index)
+    return dataset.to_inputs(dataset.normalize(flip_rotate(x, draw_flip_rotate(len(y), generator)))), y
+
+
+#: per-sample augmentation of the evaluation's fine-tuning and meta-input batches, per dataset
+#: (spec "Data"; Speech Commands' time shift + background noise is not wired here: set augment: false)
+PER_SAMPLE_AUGMENT = {"cifar10": crop_flip_augment, "cifar10c": crop_flip_augment,
+                      "office_caltech10": flip_rotate_augment, "domainnet": flip_rotate_augment}
 
 
 def summarise_outcomes(outcomes: list[ClientOutcome]) -> dict[str, float]:

@@ -185,3 +185,31 @@ def test_suites_may_tabulate_group_and_pooled_accuracy(tmp_path):
     data["metric"].update(key="round/acc_group/snow", aggregate="best_val_round")
     with pytest.raises(SuiteError, match="metric.key"):
         load_suite(write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", data))
+
+
+def test_augmentation_is_chosen_per_dataset(cifar_dir):
+    from pfl_core.data.federated import ArrayDataset
+    from pfl_core.finetune_protocol import PER_SAMPLE_AUGMENT, crop_flip_augment
+
+    protocol = FinetunePretrained(EvalConfig())
+    assert protocol._augment(ArrayDataset("cifar10", torch.zeros(1, 3, 4, 4), torch.zeros(1), 10)) is crop_flip_augment
+    assert set(PER_SAMPLE_AUGMENT) == {"cifar10", "cifar10c", "office_caltech10", "domainnet"}
+    with pytest.raises(ValueError, match="augment: false"):
+        protocol._augment(ArrayDataset("speech_commands", torch.zeros(1, 3), torch.zeros(1), 12))
+
+
+def test_cifar_augmentation_crops_and_flips_raw_images_then_normalises(cifar_dir):
+    """Per-sample RandomCrop(32, 4) + flip of the [0, 1] images, then Normalize (pfl_core.augment,
+    the FedL2P data module: this test runs once it is merged)."""
+    augment = pytest.importorskip("pfl_core.augment")
+    if not hasattr(augment, "draw_crop_flip"):
+        pytest.skip("pfl_core.augment without the FedL2P crop/flip")
+    from pfl_core.finetune_protocol import crop_flip_augment
+
+    dataset = prepare_run(config(), torch.device("cpu"), cifar_dir).fed.dataset
+    index = torch.arange(8)
+    x, y = crop_flip_augment(dataset, index, torch.Generator().manual_seed(3))
+    raw, labels = dataset.raw_batch(index)
+    expected = dataset.normalize(augment.crop_flip(raw, augment.draw_crop_flip(8, torch.Generator().manual_seed(3))))
+    torch.testing.assert_close(x, expected)
+    assert torch.equal(y, labels) and not torch.equal(x, dataset.batch(index)[0])
