@@ -213,3 +213,21 @@ def test_cifar_augmentation_crops_and_flips_raw_images_then_normalises(cifar_dir
     expected = dataset.normalize(augment.crop_flip(raw, augment.draw_crop_flip(8, torch.Generator().manual_seed(3))))
     torch.testing.assert_close(x, expected)
     assert torch.equal(y, labels) and not torch.equal(x, dataset.batch(index)[0])
+
+
+def test_office_augmentation_flips_and_rotates_raw_images_then_normalises():
+    """Per-sample flip + rotation of the [0, 1] images, then the dataset's normalisation
+    (pfl_core.augment_domains, the FedL2P domains module: this test runs once it is merged)."""
+    domains = pytest.importorskip("pfl_core.augment_domains")
+    from pfl_core.data.federated import ArrayDataset
+    from pfl_core.finetune_protocol import flip_rotate_augment
+
+    g = torch.Generator().manual_seed(0)
+    dataset = ArrayDataset("office_caltech10", torch.randint(0, 256, (6, 3, 16, 16), generator=g).to(torch.uint8),
+                           torch.arange(6) % 3, 10, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    index = torch.arange(6)
+    x, _ = flip_rotate_augment(dataset, index, torch.Generator().manual_seed(1))
+    raw, _ = dataset.raw_batch(index)
+    draws = domains.draw_flip_rotate(6, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(x, dataset.normalize(domains.flip_rotate(raw, draws)))
+    assert not torch.equal(x, dataset.batch(index)[0])
