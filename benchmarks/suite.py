@@ -72,7 +72,7 @@ from pfl_core.data import DATASETS, PARTITIONERS
 from pfl_core.data.builder import check_sources
 from pfl_core.data.datasets import loader_params
 from pfl_core.evaluation import EvalConfig
-from pfl_core.protocols import EVAL_KEYS, PROTOCOLS
+from pfl_core.protocols import EVAL_KEY_PREFIXES, EVAL_KEYS, PROTOCOLS
 from pfl_core.models import MODELS
 from pfl_core.registry import UnknownNameError
 
@@ -595,7 +595,7 @@ def _check_metric(metric: Any, path: Path) -> None:
         raise SuiteError(f"{path}: metric.pm must be std, sem or none, got {metric['pm']!r}")
     history = metric.get("aggregate") == "best_val_round"
     allowed = HISTORY_METRICS if history else FINAL_METRICS
-    if metric["key"] not in allowed:
+    if metric["key"] not in allowed and not (not history and metric["key"].startswith(EVAL_KEY_PREFIXES)):
         raise SuiteError(f"{path}: metric.key: {metric['key']!r} is not a metric that runs log; allowed: "
                          f"{list(allowed)}")
     if "curve_metric" in metric and metric["curve_metric"] not in CURVE_METRICS:

@@ -95,6 +95,23 @@ class EvalConfig(HyperParams):
     """Protocol ``novel_class``: groups per validation evaluation (code: 500)."""
     groups_test: PositiveInt = 1000
     """Protocol ``novel_class``: groups per test evaluation (code: 1000)."""
+    epochs: NonNegativeInt = 15
+    """Protocol ``finetune_pretrained``: fine-tuning epochs e (FedL2P: 15, and 5 for Tables 2 and 4)."""
+    finetune_splits: list[str] = field(default_factory=lambda: ["train"])
+    """Protocol ``finetune_pretrained``: the client splits fine-tuned on, joined (FedL2P CIFAR-10:
+    ``[train, val]``, all 50 samples, spec diff 7; other datasets ``[train]``)."""
+    test_batch_size: PositiveInt = 50
+    """Protocol ``finetune_pretrained``: test batch size (FedL2P code: 50)."""
+    augment: bool = True
+    """Protocol ``finetune_pretrained``: per-sample augmentation of the fine-tuning batches and of
+    the meta-net input pass (spec "Data": evaluation path)."""
+    clients: Literal["seen", "unseen"] = "seen"
+    """Protocol ``finetune_pretrained``: which clients are evaluated, the training clients
+    (``seen``) or the held-out ones (``unseen``: Speech Commands' unseen speaker pool, Table 4)."""
+    stack_size: NonNegativeInt = 64
+    """Protocol ``finetune_pretrained``, batched path: clients per vmapped stack (0: all clients of
+    equal batch shapes at once). Memory only (the numbers do not depend on it): a stack trains
+    ``stack_size`` x ``batch_size`` images per step and holds their inputs for all its steps."""
 
     def lr_at(self, step: int) -> float:
         return self.lr * self.gamma ** (step // self.decay_every)
@@ -116,6 +133,8 @@ class EvalResult:
     summary: dict[str, float] = field(default_factory=dict)
     curve_mean: list[float] = field(default_factory=list)
     curve_weighted: list[float] = field(default_factory=list)
+    arrays: dict[str, dict] = field(default_factory=dict)
+    """Per-client arrays by artifact name (numpy arrays; logged as ``<name>.npz`` with the run)."""
 
 
 @torch.no_grad()
@@ -361,6 +380,10 @@ class Protocol:
     never reads a test client or a test split.
     """
 
+    seed: int = 0
+    """The run's evaluation seed (stream ``evaluation``), set by :func:`pfl_core.experiment.prepare_run`,
+    for protocols that draw (``finetune_pretrained``, ``novel_class``)."""
+
     def __init__(self, cfg: EvalConfig, target: str = "test"):
         if target not in ("test", "validation"):
             raise ValueError(f"evaluation target must be 'test' or 'validation', got {target!r}")
@@ -380,6 +403,7 @@ class Protocol:
         result = self._evaluate(algorithm, server, contexts, executor)
         if self.cfg.val_split and self.target == "test":
             val = type(self)(replace(self.cfg, split=self.cfg.val_split, val_split=""), self.target)
+            val.seed = self.seed  # the same evaluation streams
             after = val._evaluate(algorithm, server, contexts, executor)
             result.summary.update({f"val_{k}": v for k, v in after.summary.items()})
         return result

@@ -254,7 +254,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     analysed = run_analyses(setup.analyses, setup, fed_result)
     metrics.update(analysed.metrics)
     return RunResult(metrics, fed_result.history, clients, final.curve_mean, final.curve_weighted, info,
-                     analysed.arrays, final_state(setup.model, server) if "params" in server else None)
+                     {**final.arrays, **analysed.arrays},
+                     final_state(setup.model, server) if "params" in server else None)
 
 
 def run_experiment(

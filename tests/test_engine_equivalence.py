@@ -172,6 +172,12 @@ CASES = {
                tiny_resnet, l2p_federation),
     "l2p-fomaml-lrnet": ("l2p", {"inner_epochs": 1, "outer_epochs": 1, "hypergradient": "fomaml", "bn_net": False,
                                  "fixed_beta": 1.0, "lr_lrnet": 0.1, "lr_eta": 0.01}, tiny_resnet, l2p_federation),
+    # FedL2P's stage-2 baselines train nothing (a round leaves the server as it is); their
+    # batched == sequential fine-tuning is tests/test_finetune.py's
+    "global_model": ("global_model", {}, dnn, flat_federation),
+    "ft_bn_c": ("ft_bn_c", {}, dnn, flat_federation),
+    "ft_bn_g": ("ft_bn_g", {}, dnn, flat_federation),
+    "ft_bn_i": ("ft_bn_i", {}, dnn, flat_federation),
 }
 
 

@@ -104,3 +104,42 @@ def test_layer_distribution_per_column():
     np.testing.assert_allclose(stats["min"], [0.0, 1.0])
     np.testing.assert_allclose(stats["max"], [1.0, 1.0])
     np.testing.assert_allclose(stats["mean"], [0.5, 1.0])
+
+
+def _run_with_arrays(arrays):
+    from types import SimpleNamespace
+
+    from pfl_core.evaluation import EvalResult
+
+    return SimpleNamespace(final=EvalResult([], {}, arrays={} if arrays is None else {"personalization": arrays}))
+
+
+def test_personalization_analysis_reads_the_protocol_arrays():
+    from pfl_core.analysis import parse_analyses
+
+    domains = np.array(["clipart"] * 5 + ["real"] * 5)
+    beta = _blobs(domains.tolist(), 0.05)
+    eta = np.where(np.arange(8) < 2, 0.0, 1e-3) * np.ones((10, 8))
+    eta[:5, 2] = 0.0  # clipart clients: 3 of 8 learning rates are 0, real clients 2 of 8
+    arrays = {"group": domains, "xi": beta, "beta": beta, "x": beta, "eta": eta}
+    (analysis,) = parse_analyses([{"name": "personalization", "random_state": 3}])
+    out = analysis.run(None, _run_with_arrays(arrays))
+    assert {k: out.metrics[k] for k in ("ari_xi", "ari_beta", "ari_x")} == pytest.approx(
+        {"ari_xi": 1.0, "ari_beta": 1.0, "ari_x": 1.0})
+    assert out.metrics["lr_sparsity"] == pytest.approx((5 * 3 / 8 + 5 * 2 / 8) / 10)
+    figures = out.arrays["personalization_figures"]
+    assert figures["domains"].tolist() == ["clipart", "real"] and figures["dmap_beta"].shape == (2, 2)
+    assert figures["dmap_beta"][0, 1] > 0  # domains further apart than their clients
+    assert figures["beta_box"].shape == (5, 4) and figures["eta_box"].shape == (5, 8)
+    np.testing.assert_allclose(figures["sparsity"], [3 / 8] * 5 + [2 / 8] * 5)
+
+
+def test_personalization_analysis_errors_name_the_fix():
+    from pfl_core.analysis import parse_analyses
+
+    (analysis,) = parse_analyses([{"name": "personalization"}])
+    with pytest.raises(ValueError, match="finetune_pretrained"):
+        analysis.run(None, _run_with_arrays(None))
+    one = {"group": np.array(["a"] * 3), **{q: np.zeros((3, 2)) for q in ("xi", "beta", "x", "eta")}}
+    with pytest.raises(ValueError, match="domains"):
+        analysis.run(None, _run_with_arrays(one))

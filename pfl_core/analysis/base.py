@@ -21,7 +21,8 @@ from pfl_core.registry import Registry, UnknownNameError
 ANALYSES: Registry = Registry("post-run analysis")
 
 #: the final metrics analyses may log (a suite's ``metric.key`` may name them)
-ANALYSIS_METRICS = ("embeddings_logged", "dlg_psnr", "dlg_ssim", "dlg_gradient_distance")
+ANALYSIS_METRICS = ("embeddings_logged", "dlg_psnr", "dlg_ssim", "dlg_gradient_distance",
+                    "ari_xi", "ari_beta", "ari_x", "ari_eta", "lr_sparsity")
 
 
 @dataclass

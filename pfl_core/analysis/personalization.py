@@ -7,6 +7,13 @@ per-client arrays the ``finetune_pretrained`` protocol logs (``personalization.n
 * Figures 3 and 5: :func:`cluster_distance_map`, block (j, k) = log(d(j,k) / sqrt(d(j,j) d(k,k)));
 * Figures 2 and 4: :func:`layer_distribution` (box-plot statistics of beta or eta per layer across
   clients) and :func:`lr_sparsity` (per client, the share of the per-tensor learning rates that are 0).
+
+The post-run analysis ``personalization`` (``evaluation.analyses: [{name: personalization}]``, with
+the :class:`ClusteringSettings` as parameters) applies them to a ``finetune_pretrained`` run: metrics
+``ari_xi``, ``ari_beta``, ``ari_x``, ``ari_eta`` (clients' ``group`` as the domain) and
+``lr_sparsity`` (mean over clients), and the artifact ``personalization_figures.npz``: ``domains``,
+``dmap_<q>`` [D, D] per quantity, ``sparsity`` [clients], ``beta_box`` / ``eta_box`` [5, layers]
+(min, q1, median, q3, max).
 """
 from __future__ import annotations
 
@@ -17,9 +24,13 @@ import numpy as np
 from sklearn.cluster import SpectralClustering
 from sklearn.metrics import adjusted_rand_score
 
+from pfl_core.algorithms.base import HyperParams
+from pfl_core.analysis.base import ANALYSES, Analysis, AnalysisOutput
+from pfl_core.config import NonNegativeInt
 
-@dataclass(frozen=True)
-class ClusteringSettings:
+
+@dataclass
+class ClusteringSettings(HyperParams):
     """Table 6's spectral clustering. The paper says only "the default parameters for spectral
     clustering from scikit-learn" with the discretization label assignment of Yu & Shi (paper
     footnote 7, spec "Table 6"); the affinity and the number of clusters are unknowns (spec
@@ -32,8 +43,8 @@ class ClusteringSettings:
     """RBF width; 1.0 is scikit-learn's default (spec harness default)."""
     assign_labels: Literal["discretize", "kmeans", "cluster_qr"] = "discretize"
     """Label assignment on the Laplacian embedding: the paper's "discretization approach" [58]."""
-    n_clusters: int | None = None
-    """Number of clusters; None = the number of distinct domains (spec harness default)."""
+    n_clusters: NonNegativeInt = 0
+    """Number of clusters; 0 = the number of distinct domains (spec harness default)."""
     random_state: int = 0
     """Seed of the eigen-solver's and the discretization's random initialisation."""
 
@@ -116,3 +127,38 @@ def layer_distribution(values: np.ndarray) -> dict[str, np.ndarray]:
         raise ValueError(f"layer_distribution needs [clients, layers] values, got shape {v.shape}")
     q = np.quantile(v, [0.0, 0.25, 0.5, 0.75, 1.0], axis=0)
     return {"min": q[0], "q1": q[1], "median": q[2], "q3": q[3], "max": q[4], "mean": v.mean(0)}
+
+
+#: the quantities of Table 6, as named in the ``personalization`` arrays of ``finetune_pretrained``
+QUANTITIES = ("xi", "beta", "x", "eta")
+#: the metrics of the ``personalization`` analysis
+PERSONALIZATION_METRICS = (*(f"ari_{q}" for q in QUANTITIES), "lr_sparsity")
+
+
+@ANALYSES.register("personalization")
+class Personalization(Analysis):
+    """Table 6 and Figures 2-5 from the per-client arrays of a ``finetune_pretrained`` run."""
+
+    params_class = ClusteringSettings
+
+    def run(self, setup, result) -> AnalysisOutput:
+        arrays = result.final.arrays.get("personalization") if result.final is not None else None
+        if arrays is None:
+            raise ValueError("analysis 'personalization' reads the per-client arrays of protocol "
+                             "finetune_pretrained: set evaluation.protocol: finetune_pretrained")
+        domains = arrays["group"]
+        if len(np.unique(domains)) < 2:
+            raise ValueError("analysis 'personalization' clusters clients by their meta group (domain), but the "
+                             f"evaluated clients have {len(np.unique(domains))} group(s); use a dataset with "
+                             "domains (office_caltech10, domainnet, cifar10c)")
+        metrics = {f"ari_{q}": spectral_ari(arrays[q], domains, self.params) for q in QUANTITIES}
+        sparsity = lr_sparsity(arrays["eta"])
+        metrics["lr_sparsity"] = float(sparsity.mean())
+        figures: dict[str, np.ndarray] = {"sparsity": sparsity}
+        for q in QUANTITIES:
+            figures[f"dmap_{q}"], names = cluster_distance_map(arrays[q], domains)
+        figures["domains"] = np.array(names)
+        for q in ("beta", "eta"):
+            stats = layer_distribution(arrays[q])
+            figures[f"{q}_box"] = np.stack([stats[k] for k in ("min", "q1", "median", "q3", "max")])
+        return AnalysisOutput(metrics, {"personalization_figures": figures})

@@ -1,0 +1,18 @@
+"""Global Accuracy (FedL2P Tables 2 and 4): the pretrained model itself, no fine-tuning, its BN
+layers normalising with the pretrained statistics (beta 0, eval mode), tested by the
+``finetune_pretrained`` protocol on every client's test split (pooled: for CIFAR-10 the whole
+test set)."""
+from __future__ import annotations
+
+from pfl_core.algorithms import METHODS
+from pfl_core.algorithms.base import HyperParams
+from pfl_core.algorithms.ft_bn import PretrainedOnly
+from pfl_core.finetune import FinetuneRecipe
+
+
+@METHODS.register("global_model")
+class GlobalModel(PretrainedOnly):
+    hyper_class = HyperParams
+
+    def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
+        return FinetuneRecipe(self.betas(0.0), 0.0, running_init="pretrained", finetune=False)
