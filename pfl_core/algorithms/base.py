@@ -64,6 +64,9 @@ class ClientContext:
     dataset: ArrayDataset
     streams: dict[str, BatchStream]
     state: dict = field(default_factory=dict)
+    augment: Any = None
+    """The per-sample augmentation of the client's training batches (``data.augment``:
+    :class:`pfl_core.engine.augmentation.TrainAugment`, its own generator), None: none."""
 
     @property
     def cid(self) -> int:
@@ -122,6 +125,10 @@ class Algorithm(ABC):
     #: plan streams whose number of batches may differ between clients: the batched path may pad
     #: them, and :meth:`local_update` then receives a mask for them
     maskable_streams: ClassVar[tuple[str, ...]] = ()
+    #: plan streams of training batches (the client's train split as local training consumes it):
+    #: those ``data.augment`` augments per sample (:mod:`pfl_core.engine.augmentation`); a method
+    #: that names none rejects ``data.augment``
+    train_streams: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, hp: HyperParams):
         check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices

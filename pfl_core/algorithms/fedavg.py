@@ -29,6 +29,7 @@ class FedAvgHyper(LocalSGDHyper, RoundLR, HyperParams):
 class FedAvg(Algorithm):
     hyper_class = FedAvgHyper
     maskable_streams = ("train",)
+    train_streams = ("train",)
 
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         return {"params": server["params"], **self.round_carry(server, round_idx)}

@@ -124,6 +124,7 @@ def state_hessian_vector_product(model: nn.Module, params: Params, buffers: Buff
 class PerFedAvg(Algorithm):
     hyper_class = PerFedAvgHyper
     finetune_at_eval = True
+    train_streams = ("b1", "b2", "b3")
 
     def meta_step(self, theta: Params, b1: tuple, b2: tuple, b3: tuple | None,
                   buffers: Buffers | None = None) -> tuple[Params, torch.Tensor, Buffers | None]:

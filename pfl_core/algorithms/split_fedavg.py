@@ -36,6 +36,7 @@ class SplitFedAvg(Algorithm):
 
     hyper_class = SplitFedAvgHyper
     maskable_streams = ("train",)
+    train_streams = ("train",)
     personal_part: ClassVar[Literal["none", "head", "body"]] = "none"
     trained_part: ClassVar[Literal["all", "body"]] = "all"
 
