@@ -46,7 +46,8 @@ def federation_state(federation) -> dict:
         "sampled": result.sampled,
         "stopped_round": result.stopped_round,
         "sampler": federation.sampler.rng.bit_generator.state,
-        "clients": {cid: {"state": ctx.state, "streams": {name: _stream_state(s) for name, s in ctx.streams.items()}}
+        "clients": {cid: {"state": ctx.state, "streams": {name: _stream_state(s) for name, s in ctx.streams.items()},
+                          **({} if ctx.augment is None else {"augment": ctx.augment.generator.get_state()})}
                     for cid, ctx in federation.contexts.items()},
         "buffers": {name: b.detach().clone() for name, b in federation.algorithm.model.named_buffers()},
     }
@@ -63,6 +64,8 @@ def load_federation_state(federation, state: dict, device: torch.device) -> None
         ctx.state.update(_to(saved["state"], device))
         for name, stream in saved["streams"].items():
             _load_stream(ctx.streams[name], stream)
+        if "augment" in saved:  # data.augment: the generator of the training batches' draws
+            ctx.augment.generator.set_state(saved["augment"])
     buffers = dict(federation.algorithm.model.named_buffers())
     for name, value in state["buffers"].items():
         buffers[name].copy_(value)

@@ -60,6 +60,12 @@ class DataConfig:
     only. ``auto`` (default): ``train`` when ``evaluation.target`` is ``validation`` (a tuning run
     never sees test data, issue 15 item 6), else ``dataset``. ``dataset`` with the validation
     target is rejected."""
+    augment: Literal["none", "crop_flip"] = "none"
+    """Per-sample augmentation of the training batches local training draws: ``crop_flip`` =
+    RandomCrop(H x W, padding 4) + RandomHorizontalFlip per image, before the normalisation (the
+    FedL2P code's CIFAR-10 pretraining transform; FedL2P spec, "Transforms"), drawn on the host
+    from a per-client stream so both execution paths see the same images
+    (:mod:`pfl_core.engine.augmentation`). Never applied to evaluation batches."""
     subsample: NonNegativeInt = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""

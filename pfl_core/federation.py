@@ -20,6 +20,7 @@ from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
 from pfl_core.early_stopping import stop_round
 from pfl_core.engine import Executor, WorkItem
+from pfl_core.engine.augmentation import check_augmentable, make_train_augment
 from pfl_core.errors import DivergenceError
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
@@ -45,10 +46,12 @@ class ClientSampler:
 
 def make_contexts(
     fed: FederatedData, client_ids: list[int], cfg: FederationConfig, streams: RunStreams,
-    purpose: str, eval_batch_size: int, states: dict[int, dict] | None = None,
+    purpose: str, eval_batch_size: int, states: dict[int, dict] | None = None, augment: str = "none",
 ) -> dict[int, ClientContext]:
     """One context per client: a batch stream per split (training splits with ``drop_last``,
-    other splits complete) seeded by (run seed, purpose, client, split)."""
+    other splits complete) seeded by (run seed, purpose, client, split); with ``augment``
+    (``data.augment``) the generator of its training batches' augmentation, seeded by (run seed,
+    ``augment``, client)."""
     contexts = {}
     for cid in client_ids:
         client = fed.clients[cid]
@@ -63,7 +66,8 @@ def make_contexts(
                 drop_last=cfg.drop_last and training,
             )
         state = states.get(cid, {}) if states is not None else {}
-        contexts[cid] = ClientContext(client, fed.dataset, split_streams, state)
+        train_augment = make_train_augment(augment, lambda: streams.torch("augment", cid, device="cpu"))
+        contexts[cid] = ClientContext(client, fed.dataset, split_streams, state, train_augment)
     return contexts
 
 
@@ -103,16 +107,20 @@ class Federation:
 
     ``on_round(round_idx, metrics)`` is called after every round (for progress and logging).
     ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
+    ``augment`` (``data.augment``): per-sample augmentation of the training batches
+    (:mod:`pfl_core.engine.augmentation`); evaluation batches are not augmented.
     """
 
     def __init__(self, algorithm: Algorithm, fed: FederatedData, init_params: Params, cfg: FederationConfig,
                  protocol: Protocol, streams: RunStreams,
                  on_round: Callable[[int, dict[str, float]], None] | None = None,
-                 evaluate_clients: bool = True):
+                 evaluate_clients: bool = True, augment: str = "none"):
         self.algorithm, self.fed, self.cfg, self.protocol, self.streams = algorithm, fed, cfg, protocol, streams
         self.on_round, self.evaluate_clients = on_round, evaluate_clients
         self.eval_batch_size = protocol.cfg.batch_size or cfg.batch_size
-        self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size)
+        check_augmentable(augment, fed.dataset.input_shape, algorithm)
+        self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size,
+                                      augment=augment)
         per_round = algorithm.clients_per_round(cfg.clients_per_round)
         self.sampler = ClientSampler(fed.train_clients, per_round, streams.numpy("sampling"))
         algorithm.prepare(fed)
@@ -225,9 +233,11 @@ def run_federation(
     on_round: Callable[[int, dict[str, float]], None] | None = None,
     evaluate_clients: bool = True,
     executor: Executor | None = None,
+    augment: str = "none",
 ) -> FederationResult:
     """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol`` (one run; see
     :class:`Federation` for the arguments). ``executor`` runs the sampled clients (default:
     sequential, the reference path)."""
-    federation = Federation(algorithm, fed, init_params, cfg, protocol, streams, on_round, evaluate_clients)
+    federation = Federation(algorithm, fed, init_params, cfg, protocol, streams, on_round, evaluate_clients,
+                            augment)
     return run_lockstep([federation], executor or Executor("sequential"))[0]

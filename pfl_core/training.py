@@ -3,6 +3,11 @@
 (parameters, batches): meta-learning methods differentiate through it, and the batched engine
 (:mod:`pfl_core.engine`) vectorises it over a stack of clients with ``torch.func.vmap``.
 
+Models with BatchNorm state (KLD-BN, :mod:`pfl_core.models.kld_bn`) also carry their running
+statistics as a dict of tensors beside the parameters; :func:`bn_gradients` is the train-mode
+gradient of such a model and returns the statistics after the batch. Models without BN state
+never reach it (their methods pass ``buffers=None`` and take the functions below as before).
+
 :func:`value_and_grad` is the one gradient primitive of the core: eager ``torch.autograd.grad`` on
 one model (the sequential path, cheapest there) and ``torch.func.grad_and_value`` inside a
 ``torch.func`` transform (the batched path), so a method's update is written once for both."""
@@ -16,6 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_map
+
+from pfl_core.models.kld_bn import RUNNING, Buffers, bn_mode, bn_names, forward_bn, has_bn_state
 
 Params = dict[str, torch.Tensor]
 
@@ -80,6 +87,51 @@ def gradients(model: nn.Module, params: Params, x, y) -> tuple[Params, torch.Ten
     return value_and_grad(lambda p, x, y: batch_loss(model, p, x, y), params, x, y)
 
 
+def partial_gradients(model: nn.Module, params: Params, trainable: list[str], x, y) -> tuple[Params, torch.Tensor]:
+    """(d loss / d params[trainable], loss): the other parameters enter as constants."""
+    frozen = {k: v for k, v in params.items() if k not in set(trainable)}
+    return value_and_grad(lambda part, x, y: batch_loss(model, {**frozen, **part}, x, y),
+                          {k: params[k] for k in trainable}, x, y)
+
+
+def state_loss(model: nn.Module, params: Mapping[str, torch.Tensor], buffers: Buffers | None, x, y
+               ) -> tuple[torch.Tensor, Buffers | None]:
+    """(mean CE, buffers after the batch). ``buffers`` given (a model with BN state): train mode,
+    batch statistics normalise and each layer's running statistics move toward them (momentum
+    0.1, unbiased variance: :func:`~pfl_core.models.kld_bn.forward_bn`), as a forward of
+    ``torch.nn.BatchNorm2d`` in train mode does. None: :func:`batch_loss` and None."""
+    if buffers is None:
+        return batch_loss(model, params, x, y), None
+    with bn_mode(model, "train"):
+        logits, new = forward_bn(model, params, buffers, x)
+    return F.cross_entropy(logits, y), new
+
+
+def bn_gradients(model: nn.Module, params: Params, buffers: Buffers, x, y,
+                 trainable: list[str] | None = None) -> tuple[Params, torch.Tensor, Buffers]:
+    """(d loss / d params[trainable], loss, buffers after the batch) of a model with BN state, in
+    train mode (:func:`state_loss`): one step of a BatchNorm network in train mode. ``trainable``
+    None: every parameter; otherwise the others enter as constants (a frozen part). Loss and
+    buffers come back detached."""
+    names = list(params) if trainable is None else list(trainable)
+    frozen = {k: v for k, v in params.items() if k not in set(names)}
+    grads, (loss, new) = value_and_grad(lambda part, b, x, y: state_loss(model, {**frozen, **part}, b, x, y),
+                                        {k: params[k] for k in names}, buffers, x, y, has_aux=True)
+    return grads, loss, new
+
+
+def state_gradients(model: nn.Module, params: Params, buffers: Buffers | None, x, y,
+                    trainable: list[str] | None = None) -> tuple[Params, torch.Tensor, Buffers | None]:
+    """(grads, loss, buffers) of one training batch: :func:`bn_gradients` for a model with BN state
+    (``buffers`` given); ``buffers`` None: :func:`gradients` (``trainable`` None) or the gradient of
+    the ``trainable`` part alone, exactly as before, and None for the buffers."""
+    if buffers is not None:
+        return bn_gradients(model, params, buffers, x, y, trainable)
+    if trainable is None:
+        return (*gradients(model, params, x, y), None)
+    return (*partial_gradients(model, params, trainable, x, y), None)
+
+
 def sgd_step(
     model: nn.Module,
     params: Params,
@@ -117,6 +169,35 @@ def average_params(updates: Iterable[Mapping[str, torch.Tensor]], weights: Itera
             name: sum(w / total * u[name] for u, w in zip(updates, weights))
             for name in updates[0]
         }
+
+
+def initial_bn_state(model: nn.Module) -> Buffers | None:
+    """Copies of the running statistics a model with BN state starts from (per layer
+    ``running_mean`` 0, ``running_var`` 1, ``num_batches_tracked`` 0, as ``torch.nn.BatchNorm2d``);
+    None for a model without BN state. The other KLD-BN buffers (``init_running_*``, ``beta`` = 1:
+    plain BatchNorm) are not carried: :func:`~pfl_core.models.kld_bn.forward_bn` reads the module's."""
+    if not has_bn_state(model):
+        return None
+    buffers = dict(model.named_buffers())
+    return {f"{n}.{k}": buffers[f"{n}.{k}"].detach().clone() for n in bn_names(model) for k in RUNNING}
+
+
+def average_buffers(updates: Iterable[Mapping[str, torch.Tensor]], weights: Iterable[float]) -> Buffers:
+    """Weighted average of BN running statistics, as the FedL2P code's server averages them: its
+    flwr client uploads the whole ``state_dict`` (``ClassificationClient.get_parameters``:
+    parameters *and* buffers) and flwr's FedAvg takes the n_k-weighted mean of every array.
+    Float statistics: :func:`average_params`. Integer counters (``num_batches_tracked``): the
+    floor of the weighted mean, as the code's float mean copied into the int64 buffer by
+    ``load_state_dict`` truncates (exact here: computed in float64 from integer counts)."""
+    updates, weights = list(updates), [float(w) for w in weights]
+    floats = [{k: v for k, v in u.items() if v.is_floating_point()} for u in updates]
+    average = average_params(floats, weights) if floats[0] else {}
+    total = sum(weights)
+    for name, value in updates[0].items():
+        if not value.is_floating_point():
+            mean = sum(w * u[name].double() for u, w in zip(updates, weights)) / total
+            average[name] = torch.floor(mean).to(value.dtype)
+    return {name: average[name] for name in updates[0]}
 
 
 def all_finite(params: Mapping[str, torch.Tensor]) -> bool:

@@ -54,6 +54,15 @@ def image_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
     return _federation(ArrayDataset("img", x, y, classes), sizes, test)
 
 
+def rgb_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
+    """3x8x8 float64 images (the tiny KLD-BN ResNets of FedL2P's stage 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes) + test * len(sizes)
+    x = torch.rand(total, 3, 8, 8, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (total,), generator=gen)
+    return _federation(ArrayDataset("rgb", x, y, classes), sizes, test)
+
+
 def _federation(dataset, sizes, test) -> FederatedData:
     clients, start = [], 0
     for cid, n in enumerate(sizes):
@@ -178,6 +187,14 @@ CASES = {
     "ft_bn_c": ("ft_bn_c", {}, dnn, flat_federation),
     "ft_bn_g": ("ft_bn_g", {}, dnn, flat_federation),
     "ft_bn_i": ("ft_bn_i", {}, dnn, flat_federation),
+    # FedL2P stage 1 (issue 14): BN running statistics in the carry and the server, round lr schedules
+    "fedavg-bn": ("fedavg", {"lr": 0.1, "local_steps": 2, "lr_milestones": [1, 2]}, tiny_resnet, rgb_federation),
+    "fedavg-bn-epochs": ("fedavg", {"lr": 0.1, "local_epochs": 1, "lr_decay": 0.5}, tiny_resnet, rgb_federation),
+    "fedbabu-bn": ("fedbabu", {"lr": 0.1, "local_steps": 2, "momentum": 0.0, "weight_decay": 0.0,
+                               "head_prefixes": ["fc."], "lr_milestones": [2]}, tiny_resnet, rgb_federation),
+    "perfedavg-bn-fd": ("perfedavg", {"local_steps": 1, "alpha": 0.05, "beta": 0.05}, tiny_resnet, rgb_federation),
+    "perfedavg-bn-exact": ("perfedavg", {"local_steps": 1, "alpha": 0.05, "beta": 0.05, "hvp": "exact"},
+                           tiny_resnet, rgb_federation),
 }
 
 
@@ -223,12 +240,23 @@ def test_batched_path_equals_sequential_path(name):
     assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
 
 
-@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "fedper-epochs", "fedproto"])
+@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "fedper-epochs", "fedproto", "fedavg-bn-epochs"])
 def test_padded_stacks_of_unequal_clients_equal_the_sequential_path(name):
     sizes = (8, 5, 12, 9, 4)  # 2, 1, 3, 2, 1 batches per epoch at batch size 4
     sequential = run_path(CASES[name], "sequential", sizes=sizes, per_round=5)
     padded = run_path(CASES[name], "batched", sizes=sizes, per_round=5, pad_tolerance=10.0)
     assert_same_run(sequential, padded)
+
+
+@pytest.mark.parametrize("name", ["fedavg-bn", "fedbabu-bn", "perfedavg-bn-fd"])
+def test_the_bn_cases_carry_trained_running_statistics(name):
+    """The BN cases really compare trained statistics: every layer's counter is the rounds' steps
+    (averaged over equal clients) and the statistics moved away from (0, 1)."""
+    run = run_path(CASES[name], "batched")
+    buffers = run.server["buffers"]
+    forwards = {"fedavg-bn": 2, "fedbabu-bn": 2, "perfedavg-bn-fd": 4}[name]  # per client and round
+    assert {int(v) for k, v in buffers.items() if k.endswith("num_batches_tracked")} == {3 * forwards}
+    assert not torch.allclose(buffers["layer1.0.bn1.running_var"], torch.ones(4, dtype=torch.float64))
 
 
 def test_buckets_stack_equal_plans_and_pad_only_maskable_streams():

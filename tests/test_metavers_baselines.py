@@ -76,7 +76,7 @@ def test_momentum_sgd_is_torch_sgd_with_momentum_and_weight_decay():
     x, y = train_batch(contexts(fed)[0])
     hp = MomentumSGDHyper(lr=0.1, momentum=0.9, weight_decay=0.01, local_steps=3)
     batches = {"train": (torch.stack([x, x.flip(0), x]), torch.stack([y, y.flip(0), y]))}
-    ours, loss, _ = momentum_sgd(lambda p, x, y: gradients(net, p, x, y), model_params(net), batches, {}, hp)
+    ours, loss, _, _ = momentum_sgd(lambda p, x, y: gradients(net, p, x, y), model_params(net), batches, {}, hp)
 
     reference = model()
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)

@@ -25,7 +25,9 @@ from pfl_core.batching import BatchStream
 from pfl_core.config import ConfigError, check_value_types
 from pfl_core.data.federated import ArrayDataset, Client
 from pfl_core.engine.plans import Plan
-from pfl_core.training import Params, average_params, forward, sgd_step
+from pfl_core.algorithms.round_lr import round_lr_carry
+from pfl_core.models.kld_bn import Buffers
+from pfl_core.training import Params, average_buffers, average_params, forward, initial_bn_state, sgd_step
 
 ServerState = dict[str, Any]
 #: server aggregation weights: ``samples`` (n_k / n, the FedAvg paper) or ``uniform`` (plain mean)
@@ -62,6 +64,9 @@ class ClientContext:
     dataset: ArrayDataset
     streams: dict[str, BatchStream]
     state: dict = field(default_factory=dict)
+    augment: Any = None
+    """The per-sample augmentation of the client's training batches (``data.augment``:
+    :class:`pfl_core.engine.augmentation.TrainAugment`, its own generator), None: none."""
 
     @property
     def cid(self) -> int:
@@ -94,6 +99,10 @@ class ClientUpdate:
     params: Params | None
     num_samples: int
     loss: torch.Tensor
+    buffers: Buffers | None = field(default=None, kw_only=True)
+    """BN running statistics after local training (models with BN state, BN-aware methods), averaged
+    by the server like the parameters (:meth:`Algorithm.aggregate_buffers`); None: none. Keyword-only,
+    so that subclasses' positional fields keep their places."""
 
 
 class Algorithm(ABC):
@@ -116,6 +125,10 @@ class Algorithm(ABC):
     #: plan streams whose number of batches may differ between clients: the batched path may pad
     #: them, and :meth:`local_update` then receives a mask for them
     maskable_streams: ClassVar[tuple[str, ...]] = ()
+    #: plan streams of training batches (the client's train split as local training consumes it):
+    #: those ``data.augment`` augments per sample (:mod:`pfl_core.engine.augmentation`); a method
+    #: that names none rejects ``data.augment``
+    train_streams: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module, hp: HyperParams):
         check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices
@@ -133,7 +146,10 @@ class Algorithm(ABC):
         return configured
 
     def init_server(self, params: Params) -> ServerState:
-        return {"params": params}
+        """``{"params"}``, plus ``"buffers"`` (the BN running statistics, :func:`initial_bn_state`)
+        when the model keeps BN state (FedL2P's KLD-BN ResNets)."""
+        buffers = initial_bn_state(self.model)
+        return {"params": params} if buffers is None else {"params": params, "buffers": buffers}
 
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate:
         """Train client ``client`` starting from ``server``; may read and write ``client.state``.
@@ -143,6 +159,15 @@ class Algorithm(ABC):
         return run_program(self, server, client, round_idx)
 
     # -- the client program ---------------------------------------------------------------------
+    def round_carry(self, server: ServerState, round_idx: int) -> dict:
+        """What the BN-aware, lr-scheduled programs (fedavg, fedbabu, perfedavg) add to a carry:
+        ``buffers``, the server's BN running statistics (models with BN state), and ``lr``, the
+        round's scheduled lr as a 0-d tensor (hyperparameters with a
+        :class:`~pfl_core.algorithms.round_lr.RoundLR` schedule).
+        Neither key for a model without BN state and an unscheduled lr (the old carry)."""
+        carry = {"buffers": server["buffers"]} if server.get("buffers") is not None else {}
+        return {**carry, **round_lr_carry(self.hp, round_idx, next(iter(server["params"].values())))}
+
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         """The client's start values (a pytree of tensors) from the server and ``client.state``."""
         raise NotImplementedError(f"{type(self).__name__} has no client program")
@@ -177,9 +202,19 @@ class Algorithm(ABC):
         return average_params([u.params for u in uploads], self.aggregation_weights(uploads))
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
-        """Average the uploads, weighted by samples or uniformly (``hp.weighting``)."""
+        """Average the uploads, weighted by samples or uniformly (``hp.weighting``), and their BN
+        running statistics with the same weights (:meth:`aggregate_buffers`)."""
         average = self.average_uploads(updates)
-        return server if average is None else {**server, "params": average}
+        return self.aggregate_buffers(server if average is None else {**server, "params": average}, updates)
+
+    def aggregate_buffers(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
+        """``server`` with ``"buffers"`` replaced by the ``hp.weighting`` average of the uploaded BN
+        running statistics (:func:`~pfl_core.training.average_buffers`: the FedL2P code averages
+        the whole state_dict); ``server`` itself when no update carries any."""
+        uploads = [u for u in updates if u.buffers is not None]
+        if not uploads:
+            return server
+        return {**server, "buffers": average_buffers([u.buffers for u in uploads], self.aggregation_weights(uploads))}
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
         """The parameters client ``client`` evaluates with (before any protocol fine-tuning)."""

@@ -6,6 +6,13 @@ entire network is fine-tuned): MetaVers uses 10 fine-tuning steps at test, i.e.
 
 Local training: the pFedHN code's client optimiser (MetaVers gives no FedBABU values). The head
 is ``fc3.`` of ``lenet``.
+
+FedL2P stage 1 (FedBABU pretraining; FedL2P spec, "Pretraining the global model"): the FedL2P
+code trains FedAvg's recipe with the classifier at lr 0 (``exclude_layers: [net.fc.weight,
+net.fc.bias]``), which is this method with ``head_prefixes: [fc.]`` (the ResNets' classifier),
+``momentum: 0``, ``weight_decay: 0``, ``lr: 0.1``, ``lr_milestones: [250, 375]``,
+``local_epochs: 1``, ``local_steps: 0``: the head never moves, the body and every BN affine
+parameter train, and a model with BN state updates and averages its running statistics.
 """
 from __future__ import annotations
 

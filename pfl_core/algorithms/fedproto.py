@@ -123,7 +123,7 @@ class FedProto(Algorithm):
                 onehot = F.one_hot(y, self.num_classes).to(protos.dtype)
                 return {"sums": onehot.T @ embed(self.model, params, x), "counts": onehot.sum(0)}
 
-        params, loss, seen = momentum_sgd(loss_and_grads, carry["params"], batches, masks, self.hp, class_sums)
+        params, loss, seen, _ = momentum_sgd(loss_and_grads, carry["params"], batches, masks, self.hp, class_sums)
         local = seen["sums"] / seen["counts"].clamp_min(1).unsqueeze(1)
         return {"params": params, "protos": local, "has_proto": seen["counts"] > 0}, loss
 

@@ -37,6 +37,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState, Weighting
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
+from pfl_core.algorithms.round_lr import round_lr_carry
 from pfl_core.config import PositiveInt
 from pfl_core.training import Params, average_params, batch_loss, model_params
 
@@ -67,6 +68,7 @@ class IFCAHyper(FedAvgHyper):
     conv trunk ``features`` of the CAFeMe base models)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
 
@@ -166,8 +168,10 @@ class IFCA(FedAvg):
         return choice
 
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        """FedAvg's local SGD (its plan and update) from the chosen cluster's model."""
-        return {"params": server["clusters"][self.choose_cluster(server, client)]}
+        """FedAvg's local SGD (its plan and update) from the chosen cluster's model, at the round's
+        lr (a scheduled lr, :mod:`~pfl_core.algorithms.round_lr`)."""
+        params = server["clusters"][self.choose_cluster(server, client)]
+        return {"params": params, **round_lr_carry(self.hp, round_idx, next(iter(params.values())))}
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         return ClusterUpdate(carry["params"], client.num_samples("train"), loss, cluster=client.state["cluster"])

@@ -14,7 +14,8 @@ from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
 from pfl_core.optim import sgd_momentum_step
-from pfl_core.training import Params, sgd_step
+from pfl_core.models.kld_bn import Buffers
+from pfl_core.training import Params, bn_gradients, sgd_step
 
 
 @dataclass
@@ -40,16 +41,26 @@ def local_sgd_plan(client: ClientContext, hp: LocalSGDHyper) -> Plan:
     return {"train": batches}
 
 
-def local_sgd(model: nn.Module, params: Params, batches: dict, masks: dict, lr: float) -> tuple[Params, torch.Tensor]:
-    """Plain SGD from ``params`` over the plan's ``train`` batches; returns (params, mean loss)."""
+def local_sgd(model: nn.Module, params: Params, batches: dict, masks: dict, lr: float | torch.Tensor,
+              buffers: Buffers | None = None) -> tuple[Params, Buffers | None, torch.Tensor]:
+    """Plain SGD from ``params`` over the plan's ``train`` batches; returns (params, buffers, mean
+    loss). ``lr``: a float, or a 0-d tensor (a round's scheduled lr, :mod:`round_lr`).
+    ``buffers``: the BN running statistics of a model with BN state, updated at every step (train
+    mode, :func:`~pfl_core.training.bn_gradients`); None (a model without): :func:`sgd_step` as ever."""
     xs, ys = batches["train"]
     mask = masks.get("train")
     losses = []
     for step in range(len(xs)):
-        new, loss = sgd_step(model, params, xs[step], ys[step], lr)
-        params = masked_update(mask, step, new, params)
+        if buffers is None:
+            new, loss = sgd_step(model, params, xs[step], ys[step], lr)
+            params = masked_update(mask, step, new, params)
+        else:
+            grads, loss, new_buffers = bn_gradients(model, params, buffers, xs[step], ys[step])
+            with torch.no_grad():
+                new = {k: p - lr * grads[k] for k, p in params.items()}
+            params, buffers = masked_update(mask, step, (new, new_buffers), (params, buffers))
         losses.append(loss)
-    return params, masked_mean(losses, mask)
+    return params, buffers, masked_mean(losses, mask)
 
 
 @dataclass
@@ -72,16 +83,23 @@ class MomentumSGDHyper(LocalSGDHyper):
 
 
 def momentum_sgd(loss_and_grads: Callable, params: Params, batches: dict, masks: dict,
-                 hp: MomentumSGDHyper, observe: Callable | None = None) -> tuple[Params, torch.Tensor, Any]:
+                 hp: MomentumSGDHyper, observe: Callable | None = None, buffers: Buffers | None = None,
+                 lr: float | torch.Tensor | None = None) -> tuple[Params, torch.Tensor, Any, Buffers | None]:
     """``torch.optim.SGD(lr, momentum, weight_decay)`` (no dampening, no Nesterov), created fresh,
     over the plan's ``train`` batches. ``loss_and_grads(params, x, y)`` returns (gradients of the
     trained parameters, loss); the other parameters are not changed. ``observe(params, x, y)``
     (optional) returns a pytree of tensors at each step, before the step; their sum over the real
-    (unmasked) steps is returned. Returns (params, mean loss, observed sum or None).
+    (unmasked) steps is returned. Returns (params, mean loss, observed sum or None, buffers).
+
+    ``buffers``: the BN running statistics of a model with BN state; ``loss_and_grads`` is then
+    called as ``(params, x, y, buffers)`` and returns (gradients, loss, buffers after the batch)
+    (:func:`~pfl_core.training.state_gradients`). None: no BN state, as before. ``lr``: the round's
+    scheduled lr (float or 0-d tensor, :mod:`round_lr`) instead of ``hp.lr``.
 
     The momentum buffer starts at zero, so its first value is the gradient itself, as in torch."""
     xs, ys = batches["train"]
     mask = masks.get("train")
+    lr = hp.lr if lr is None else lr
     velocity, losses, observed = None, [], None
     for step in range(len(xs)):
         if observe is not None:
@@ -89,10 +107,15 @@ def momentum_sgd(loss_and_grads: Callable, params: Params, batches: dict, masks:
             if mask is not None:
                 seen = tree_map(lambda v: v * mask[step].to(v.dtype), seen)
             observed = seen if observed is None else tree_map(torch.add, observed, seen)
-        grads, loss = loss_and_grads(params, xs[step], ys[step])
+        if buffers is None:
+            grads, loss = loss_and_grads(params, xs[step], ys[step])
+            new_buffers = None
+        else:
+            grads, loss, new_buffers = loss_and_grads(params, xs[step], ys[step], buffers)
         if velocity is None:
             velocity = {k: torch.zeros_like(g) for k, g in grads.items()}
-        new, new_velocity = sgd_momentum_step(params, grads, velocity, hp.lr, hp.momentum, hp.weight_decay)
-        params, velocity = masked_update(mask, step, (new, new_velocity), (params, velocity))
+        new, new_velocity = sgd_momentum_step(params, grads, velocity, lr, hp.momentum, hp.weight_decay)
+        params, velocity, buffers = masked_update(mask, step, (new, new_velocity, new_buffers),
+                                                  (params, velocity, buffers))
         losses.append(loss)
-    return params, masked_mean(losses, mask), observed
+    return params, masked_mean(losses, mask), observed, buffers

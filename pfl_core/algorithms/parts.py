@@ -7,10 +7,9 @@ head). The head is every parameter whose name starts with one of ``head_prefixes
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from pfl_core.training import Params, batch_loss, value_and_grad
+from pfl_core.training import partial_gradients  # noqa: F401  (re-exported: the methods' import path)
 
 
 def split_names(model: nn.Module, prefixes: list[str], method: str) -> tuple[list[str], list[str]]:
@@ -24,10 +23,3 @@ def split_names(model: nn.Module, prefixes: list[str], method: str) -> tuple[lis
             f"body; its parameters are {names}. Set method.params.head_prefixes."
         )
     return head, body
-
-
-def partial_gradients(model, params: Params, trainable: list[str], x, y) -> tuple[Params, torch.Tensor]:
-    """(d loss / d params[trainable], loss): the other parameters enter as constants."""
-    frozen = {k: v for k, v in params.items() if k not in set(trainable)}
-    return value_and_grad(lambda part, x, y: batch_loss(model, {**frozen, **part}, x, y),
-                          {k: params[k] for k in trainable}, x, y)

@@ -16,12 +16,13 @@ from typing import ClassVar, Literal
 
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
 from pfl_core.algorithms.local_sgd import MomentumSGDHyper, local_sgd_plan, momentum_sgd
-from pfl_core.algorithms.parts import partial_gradients, split_names
-from pfl_core.training import Params, gradients
+from pfl_core.algorithms.parts import split_names
+from pfl_core.algorithms.round_lr import RoundLR
+from pfl_core.training import Params, state_gradients
 
 
 @dataclass
-class SplitFedAvgHyper(MomentumSGDHyper, HyperParams):
+class SplitFedAvgHyper(MomentumSGDHyper, RoundLR, HyperParams):
     head_prefixes: list[str] = field(default_factory=lambda: ["fc3."])
     """Parameters whose names start with one of these form the head: ``fc3.``, the classifier of
     ``lenet`` (pFedHN's target LeNet, the MetaVers baselines' model)."""
@@ -35,6 +36,7 @@ class SplitFedAvg(Algorithm):
 
     hyper_class = SplitFedAvgHyper
     maskable_streams = ("train",)
+    train_streams = ("train",)
     personal_part: ClassVar[Literal["none", "head", "body"]] = "none"
     trained_part: ClassVar[Literal["all", "body"]] = "all"
 
@@ -49,20 +51,24 @@ class SplitFedAvg(Algorithm):
 
     # -- the client program ---------------------------------------------------------------------
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        return {"params": self.client_params(server, client)}
+        return {"params": self.client_params(server, client), **self.round_carry(server, round_idx)}
 
     def draw(self, client: ClientContext, round_idx: int):
         return local_sgd_plan(client, self.hp)
 
     def local_update(self, carry, batches, masks):
-        if self.trained_part == "all":
-            def loss_and_grads(params, x, y):
-                return gradients(self.model, params, x, y)
-        else:
-            def loss_and_grads(params, x, y):
-                return partial_gradients(self.model, params, self.trained_names, x, y)
-        params, loss, _ = momentum_sgd(loss_and_grads, carry["params"], batches, masks, self.hp)
-        return {"params": params}, loss
+        """The pFedHN client optimiser on the trained part (the frozen head of FedBABU gets no
+        gradient: lr 0, as the FedL2P code's FedBABU ``exclude_layers``); a model with BN state
+        updates its running statistics at every step; a scheduled lr comes in the carry."""
+        trainable = None if self.trained_part == "all" else self.trained_names
+
+        def loss_and_grads(params, x, y, buffers=None):
+            grads, loss, new = state_gradients(self.model, params, buffers, x, y, trainable)
+            return (grads, loss) if buffers is None else (grads, loss, new)
+
+        params, loss, _, buffers = momentum_sgd(loss_and_grads, carry["params"], batches, masks, self.hp,
+                                                buffers=carry.get("buffers"), lr=carry.get("lr"))
+        return {"params": params, **({} if buffers is None else {"buffers": buffers})}, loss
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         params = carry["params"]
@@ -70,12 +76,12 @@ class SplitFedAvg(Algorithm):
         if personal:
             client.state["personal"] = {n: params[n] for n in personal}
         upload = {n: params[n] for n in self.trained_names if n not in set(personal)}
-        return ClientUpdate(upload, client.num_samples("train"), loss)
+        return ClientUpdate(upload, client.num_samples("train"), loss, buffers=carry.get("buffers"))
 
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         """The average of the uploaded part replaces it on the server; the rest is unchanged."""
         average = self.average_uploads(updates)
-        return {**server, "params": {**server["params"], **(average or {})}}
+        return self.aggregate_buffers({**server, "params": {**server["params"], **(average or {})}}, updates)
 
     def client_params(self, server: ServerState, client: ClientContext) -> Params:
         """The server's parameters with the client's personal part on top."""

@@ -5,7 +5,9 @@ final split of FedJAX) gets both paths from the one definition:
 
 * :meth:`Algorithm.carry_in` (host side): the client's start values from the server state and its
   own persistent state (parameters, optimiser moments, ...), a pytree of tensors;
-* :meth:`Algorithm.draw` (host side): the index batches it consumes this round, in order;
+* :meth:`Algorithm.draw` (host side): the index batches it consumes this round, in order (then,
+  with ``data.augment``, the per-sample augmentation of its training streams, drawn on the host:
+  :mod:`pfl_core.engine.augmentation`);
 * :meth:`Algorithm.local_update`: a pure tensor function ``(carry, batches, masks) -> (carry,
   loss)`` - called on one client by the sequential path, vmapped over a stack by the batched path;
 * :meth:`Algorithm.carry_out` (host side): writes the client's state, returns its upload.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from torch.func import vmap
 
+from pfl_core.engine.augmentation import augment_draws
 from pfl_core.engine.plans import Plan, gather, make_buckets
 from pfl_core.engine.trees import stack_trees, unstack_tree
 
@@ -45,8 +48,9 @@ def run_program(algorithm: "Algorithm", server, client, round_idx: int) -> "Clie
     """The sequential path of a program: one client, no vmap."""
     carry = algorithm.carry_in(server, client, round_idx)
     plan = algorithm.draw(client, round_idx)
+    draws = augment_draws(algorithm, client, plan)
     bucket = make_buckets([plan], (), 0.0)[0]
-    batches, masks = gather([client.dataset], [plan], bucket, stacked=False)
+    batches, masks = gather([client.dataset], [plan], bucket, stacked=False, draws=[draws])
     out, loss = algorithm.local_update(carry, batches, masks)
     return algorithm.carry_out(server, client, out, loss)
 
@@ -81,10 +85,11 @@ class Executor:
             raise ValueError("run_many needs one method with one set of hyperparameters")
         carries = [i.algorithm.carry_in(i.server, i.client, i.round_idx) for i in items]
         plans = [i.algorithm.draw(i.client, i.round_idx) for i in items]
+        draws = [augment_draws(i.algorithm, i.client, plan) for i, plan in zip(items, plans)]
         outputs: list = [None] * len(items)
         for bucket in make_buckets(plans, head.maskable_streams, self.pad_tolerance):
             stacked = len(bucket.members) > 1
-            batches, masks = gather([i.client.dataset for i in items], plans, bucket, stacked)
+            batches, masks = gather([i.client.dataset for i in items], plans, bucket, stacked, draws)
             if not stacked:
                 k = bucket.members[0]
                 outputs[k] = head.local_update(carries[k], batches, masks)

@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from pfl_core.augment import CropFlip, crop_flip, stack_draws
 from pfl_core.data.federated import ArrayDataset
+
+#: RandomCrop's padding of the FedL2P CIFAR-10 training transform (data.augment crop_flip)
+CROP_PADDING = 4
 
 Plan = dict[str, list[torch.Tensor]]
 
@@ -75,19 +79,38 @@ def _same_data(a: ArrayDataset, b: ArrayDataset) -> bool:
     return a is b or (a.x is b.x and a.y is b.y and a.mean is b.mean and a.std is b.std)
 
 
-def _rows(datasets: list[ArrayDataset], index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _augmented(dataset: ArrayDataset, index: torch.Tensor, draws: CropFlip) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``index`` (any shape) cropped and flipped per sample with ``draws`` (tensors shaped like
+    ``index``), then normalised: the [0, 1] images are padded with black before Normalize, as the
+    FedL2P code's ``RandomCrop(32, padding=4)`` before ``ToTensor``/``Normalize``."""
+    x, y = dataset.raw_batch(index.reshape(-1))
+    x = dataset.normalize(crop_flip(x, CropFlip(*(t.reshape(-1) for t in draws)), padding=CROP_PADDING))
+    return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
+
+
+def _rows(datasets: list[ArrayDataset], index: torch.Tensor,
+          draws: CropFlip | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``index[k]`` of ``datasets[k]`` (``[clients, ...]`` indices); one indexing when the
-    clients share their data (the clients of one run, or seeds without subsampling)."""
+    clients share their data (the clients of one run, or seeds without subsampling). ``draws``
+    (tensors shaped like ``index``): augment each row (:mod:`pfl_core.engine.augmentation`)."""
     if all(_same_data(d, datasets[0]) for d in datasets[1:]):
+        if draws is not None:
+            return _augmented(datasets[0], index, draws)
         x, y = datasets[0].batch(index.reshape(-1))
         return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
-    parts = [d.batch(i) for d, i in zip(datasets, index)]
+    if draws is not None:
+        parts = [_augmented(d, i, CropFlip(*(t[k] for t in draws)))
+                 for k, (d, i) in enumerate(zip(datasets, index))]
+    else:
+        parts = [d.batch(i) for d, i in zip(datasets, index)]
     return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
 
 
-def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stacked: bool):
+def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stacked: bool,
+           draws: list[dict | None] | None = None):
     """The bucket's batches as ``{stream: (xs, ys)}`` plus ``{stream: mask}`` for padded streams;
-    ``datasets[i]`` holds the data of ``plans[i]``.
+    ``datasets[i]`` holds the data of ``plans[i]``; ``draws[i]`` (optional) the per-sample
+    augmentation draws of plan i's training streams (:func:`~pfl_core.engine.augmentation.augment_draws`).
 
     ``stacked``: tensors ``[clients, steps, B, ...]`` (vmapped). Otherwise one client's batches:
     ``[steps, B, ...]`` tensors when its batches share a size, else lists of batches.
@@ -95,21 +118,28 @@ def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stac
     batches, masks = {}, {}
     members = [datasets[i] for i in bucket.members]
     for name, steps in bucket.steps.items():
-        rows = []
+        rows, augmented = [], []
         for i in bucket.members:
             own = plans[i][name]
             rows.append(own + [own[-1]] * (steps - len(own)) if own else own)
+            mine = draws[i].get(name) if draws is not None and draws[i] is not None else None
+            augmented.append(mine + [mine[-1]] * (steps - len(mine)) if mine else None)
+        if any(a is None for a in augmented):
+            augmented = None
         if steps == 0:
             batches[name] = ([], [])
             continue
         if uniform_size(tuple(int(b.numel()) for b in rows[0])) is None:
             # batches of unequal sizes (bucketed by identical size sequences): one tensor per step
-            per_step = [_rows(members, torch.stack(column)) for column in zip(*rows)]
+            per_step = [_rows(members, torch.stack(column),
+                              None if augmented is None else stack_draws([a[j] for a in augmented]))
+                        for j, column in enumerate(zip(*rows))]
             xs, ys = [x for x, _ in per_step], [y for _, y in per_step]
             batches[name] = (xs, ys) if stacked else ([x[0] for x in xs], [y[0] for y in ys])
             continue
         index = torch.stack([torch.stack(r) for r in rows])  # [clients, steps, B]
-        x, y = _rows(members, index)
+        stacked_draws = None if augmented is None else stack_draws([stack_draws(a) for a in augmented])
+        x, y = _rows(members, index, stacked_draws)
         batches[name] = (x, y) if stacked else (x[0], y[0])
         if name in bucket.padded:
             lengths = torch.tensor([len(plans[i][name]) for i in bucket.members], device=index.device)

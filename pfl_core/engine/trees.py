@@ -34,5 +34,6 @@ def unstack_tree(tree: Any, count: int) -> list[Any]:
 
 
 def tree_where(condition: torch.Tensor, new: Any, old: Any) -> Any:
-    """``new`` where ``condition`` (a 0-d bool tensor) holds, else ``old``, leaf by leaf."""
-    return tree_map(lambda n, o: torch.where(condition, n, o), new, old)
+    """``new`` where ``condition`` (a 0-d bool tensor) holds, else ``old``, leaf by leaf (a None
+    leaf, e.g. the absent BN state of a model without one, stays None)."""
+    return tree_map(lambda n, o: None if n is None else torch.where(condition, n, o), new, old)
