@@ -52,6 +52,8 @@ def space(*methods: str):
 
 
 def get_space(method: str) -> Space:
+    if method in NOTHING_TO_TUNE:
+        raise NoSearchSpaceError(f"method {method!r} has nothing to tune: {NOTHING_TO_TUNE[method]}")
     if method not in SPACES:
         raise NoSearchSpaceError(
             f"no search space for method {method!r}; spaces exist for {sorted(SPACES)} "
@@ -241,6 +243,30 @@ def pfedgp_space(trial, config: dict) -> dict[str, Any]:
     return {"method.params.lr": _log(trial, "method.params.lr", SGD_LR),
             "method.params.outputscale": _log(trial, "method.params.outputscale", (1.0, 32.0)),
             **_finetune_lr(trial, config)}
+
+
+FT_LR_GRID = (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5)
+"""The FedL2P paper's fine-tuning lr grid (FedL2P spec, "Hyperparameters per dataset")."""
+META_LR = (1e-5, 1e-1)
+"""FedL2P's meta-net SGD learning rates (BNNet, LRNet: 1e-3; eta-tilde: 1e-4)."""
+
+
+@space("ft_bn_c", "ft_bn_g", "ft_bn_i")
+def ft_space(trial, config: dict) -> dict[str, Any]:
+    """FedL2P's FT baselines: the fine-tuning lr from the paper's grid {1, 0.1, ..., 1e-5}."""
+    return {"evaluation.params.lr": trial.suggest_categorical("evaluation.params.lr", FT_LR_GRID)}
+
+
+@space("fedl2p", "l2p")
+def fedl2p_space(trial, config: dict) -> dict[str, Any]:
+    """FedL2P / L2P: the meta-nets' SGD lrs (log 1e-5..1e-1; eta-tilde's two decades lower)."""
+    return {"method.params.lr_bnnet": _log(trial, "method.params.lr_bnnet", META_LR),
+            "method.params.lr_lrnet": _log(trial, "method.params.lr_lrnet", META_LR),
+            "method.params.lr_eta": _log(trial, "method.params.lr_eta", (META_LR[0] / 10, META_LR[1] / 10))}
+
+
+#: methods with nothing to tune: ``pflbench tune`` says so instead of searching
+NOTHING_TO_TUNE = {"global_model": "Global Accuracy evaluates the pretrained model as it is (no lr, no training)"}
 
 
 def describe() -> dict[str, str]:

@@ -12,7 +12,7 @@ import benchmarks.runner as runner
 import benchmarks.tuning as tuning
 from benchmarks.cli import main
 from benchmarks.runner import run_sweep
-from benchmarks.search_spaces import SPACES, NoSearchSpaceError, get_space, suggest
+from benchmarks.search_spaces import NOTHING_TO_TUNE, SPACES, NoSearchSpaceError, get_space, suggest
 from benchmarks.suite import SuiteError, _apply, load_suite, validate_config
 from benchmarks.tracking import Tracker
 from benchmarks.tuning import TuneError, TuneOptions, tune, tuning_config
@@ -70,7 +70,7 @@ def no_git(monkeypatch):
 
 
 # -- search spaces ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("method", METHODS.names())
+@pytest.mark.parametrize("method", [m for m in METHODS.names() if m not in NOTHING_TO_TUNE])
 def test_every_method_has_a_space_whose_keys_and_values_validate(method):
     config = RunConfig().to_dict()
     config["method"] = {"name": method, "params": {"mu": 1.0} if method == "cgpfl_heur" else {}}
@@ -80,12 +80,18 @@ def test_every_method_has_a_space_whose_keys_and_values_validate(method):
     for _ in range(3):
         params = suggest(study.ask(), config)
         assert params and all(k.startswith(("method.params.", "evaluation.params.")) for k in params)
-        assert any(k.endswith(("lr", "alpha", "beta", "inner_lr")) for k in params)
+        assert any("lr" in k.rsplit(".", 1)[-1] or k.endswith(("alpha", "beta")) for k in params)
         tuned = copy.deepcopy(config)
         _apply(tuned, params, "test")
         validate_config(tuned, "test")
-    fine_tunes = METHODS.get(method).finetune_at_eval
+    fine_tunes = METHODS.get(method).finetune_at_eval or method in ("ft_bn_c", "ft_bn_g", "ft_bn_i")
     assert ("evaluation.params.lr" in params) == fine_tunes
+
+
+def test_a_method_with_nothing_to_tune_says_so():
+    assert set(NOTHING_TO_TUNE) <= set(METHODS.names())
+    with pytest.raises(NoSearchSpaceError, match="global_model' has nothing to tune: Global Accuracy"):
+        get_space("global_model")
 
 
 def test_spaces_follow_the_config_and_unknown_methods_fail_clearly():
