@@ -94,7 +94,7 @@ def test_office_gives_one_client_per_domain_with_its_own_train_val_test(office_a
                           client_splits={}, unseen_fraction=0.0, streams=RunStreams(7), source_splits=SOURCES,
                           partition_per_group=True)
     for g, client in enumerate(fed.clients):
-        assert client.meta["group"] == g
+        assert client.meta["group"] == OFFICE.domains[g]
         for k, split in enumerate(("train", "val", "test")):
             whole = np.flatnonzero((ds.groups.numpy() == g) & (ds.source.numpy() == k))
             assert sorted(client.splits[split].tolist()) == whole.tolist()
@@ -117,7 +117,7 @@ def test_domainnet_clients_follow_one_matrix_in_train_val_and_test(tmp_path):
                           partition_per_group=True)
     groups = ds.groups.numpy()
     for cid, client in enumerate(fed.clients):
-        assert client.meta["group"] == cid // 2
+        assert client.meta["group"] == DOMAINNET.domains[cid // 2]
         for split in ("train", "val", "test"):
             assert (groups[client.splits[split].numpy()] == cid // 2).all()
     # equal client sizes in every domain; one Dirichlet matrix for all domains (the draws of the
@@ -142,4 +142,4 @@ def test_an_office_run_trains_resnet18_imagenet_on_the_four_domain_clients(offic
         "evaluation": {"protocol": "seen"}})
     result = run_experiment(cfg, device="cpu", data_dir=str(root))
     assert 0 <= result.metrics["acc"] <= 1 and np.isfinite(result.metrics["train_loss"])
-    assert [c["meta"]["group"] for c in result.clients] == [0, 1, 2, 3]
+    assert [c["meta"]["group"] for c in result.clients] == list(OFFICE.domains)

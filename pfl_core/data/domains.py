@@ -18,7 +18,8 @@ Preprocessing, as the FedL2P code builds its client files (``office_dataset.py``
 3. ``train_test_split(test_size=0.2, stratify=labels, shuffle=True, random_state=split_seed)``
    cuts each domain's train into train / ``val``; ``test`` is FedBN's test list, in order.
 
-Images stay uint8 (N, 3, S, S); ``groups`` is the domain index (the client meta ``group``).
+Images stay uint8 (N, 3, S, S); ``groups`` is the domain index, ``group_names`` the domains (the
+client meta ``group`` is the domain's name, as CIFAR-10-C's is the corruption's).
 Normalisation (ImageNet mean/std): DomainNet's loaders normalise on every path; Office's only in
 meta-training (``normalize``), its evaluation loaders see [0, 1] inputs unless
 ``normalize_everywhere`` (:attr:`ArrayDataset.evaluation_normalized`). Clients come from ``lda``
@@ -137,7 +138,8 @@ def load_domains(name: str, spec: DomainSet, data_dir: Path, split: str, *, equa
     stats = dict(zip(("mean", "std"), IMAGENET_MEAN_STD)) if normalize else {}
     return ArrayDataset(
         name=name, x=torch.from_numpy(np.concatenate(xs)), y=torch.from_numpy(np.concatenate(ys)),
-        num_classes=len(spec.classes), groups=torch.from_numpy(np.concatenate(gs)), **stats,
+        num_classes=len(spec.classes), groups=torch.from_numpy(np.concatenate(gs)), group_names=spec.domains,
+        **stats,
         evaluation_normalized=normalize_everywhere or not normalize,
         description=(f"{spec.title} {split} split (FedBN files under {root}; {image_size}x{image_size}, "
                      f"{equalised}{val_fraction:g} stratified val, seed {split_seed}; domains "
