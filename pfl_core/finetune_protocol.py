@@ -130,10 +130,24 @@ def flip_rotate_augment(dataset, index: torch.Tensor, generator: torch.Generator
     return dataset.to_inputs(dataset.normalize(flip_rotate(x, draw_flip_rotate(len(y), generator)))), y
 
 
-#: per-sample augmentation of the evaluation's fine-tuning and meta-input batches, per dataset
-#: (spec "Data"; Speech Commands' time shift + background noise is not wired here: set augment: false)
+def speech_augment(dataset, index: torch.Tensor, generator: torch.Generator):
+    """Speech Commands: the code's training augmentation (time shift, background noise), which its
+    ``__getitem__`` also applies to the evaluation's fine-tuning and meta-input batches (spec
+    "Implementation details" 3), on the stored clips before their features."""
+    import numpy as np
+
+    from pfl_core.audio import SpeechAugment  # FedL2P domains (issue 14)
+
+    rows, y = dataset.raw_batch(index)
+    aug = SpeechAugment(dataset.extras["noise"], dataset.extras["noise_lengths"])
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    return dataset.to_inputs(dataset.normalize(aug.apply(rows, aug.draw(len(y), rng)))), y
+
+
+#: per-sample augmentation of the evaluation's fine-tuning and meta-input batches, per dataset (spec "Data")
 PER_SAMPLE_AUGMENT = {"cifar10": crop_flip_augment, "cifar10c": crop_flip_augment,
-                      "office_caltech10": flip_rotate_augment, "domainnet": flip_rotate_augment}
+                      "office_caltech10": flip_rotate_augment, "domainnet": flip_rotate_augment,
+                      "speech_commands": speech_augment}
 
 
 def summarise_outcomes(outcomes: list[ClientOutcome]) -> dict[str, float]:

@@ -193,9 +193,9 @@ def test_augmentation_is_chosen_per_dataset(cifar_dir):
 
     protocol = FinetunePretrained(EvalConfig())
     assert protocol._augment(ArrayDataset("cifar10", torch.zeros(1, 3, 4, 4), torch.zeros(1), 10)) is crop_flip_augment
-    assert set(PER_SAMPLE_AUGMENT) == {"cifar10", "cifar10c", "office_caltech10", "domainnet"}
+    assert set(PER_SAMPLE_AUGMENT) == {"cifar10", "cifar10c", "office_caltech10", "domainnet", "speech_commands"}
     with pytest.raises(ValueError, match="augment: false"):
-        protocol._augment(ArrayDataset("speech_commands", torch.zeros(1, 3), torch.zeros(1), 12))
+        protocol._augment(ArrayDataset("mnist", torch.zeros(1, 3), torch.zeros(1), 10))
 
 
 def test_cifar_augmentation_crops_and_flips_raw_images_then_normalises(cifar_dir):
@@ -231,3 +231,22 @@ def test_office_augmentation_flips_and_rotates_raw_images_then_normalises():
     draws = domains.draw_flip_rotate(6, torch.Generator().manual_seed(1))
     torch.testing.assert_close(x, dataset.normalize(domains.flip_rotate(raw, draws)))
     assert not torch.equal(x, dataset.batch(index)[0])
+
+
+def test_speech_commands_augmentation_shifts_and_mixes_the_clips_before_their_features(tmp_path):
+    from fake_data import write_speech_commands
+    from pfl_core.audio import SpeechAugment
+    from pfl_core.data import load_dataset
+    from pfl_core.finetune_protocol import speech_augment
+
+    write_speech_commands(tmp_path)
+    dataset = load_dataset("speech_commands", tmp_path, "train", download=False, num_seen=2, num_unseen=2)
+    index = torch.arange(3)
+    x, y = speech_augment(dataset, index, torch.Generator().manual_seed(2))
+    again, _ = speech_augment(dataset, index, torch.Generator().manual_seed(2))
+    assert x.shape == dataset.batch(index)[0].shape and torch.equal(x, again) and torch.isfinite(x).all()
+    assert not torch.allclose(x, dataset.batch(index)[0])
+    aug = SpeechAugment(dataset.extras["noise"], dataset.extras["noise_lengths"])
+    rows, _ = dataset.raw_batch(index)
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=torch.Generator().manual_seed(2))))
+    torch.testing.assert_close(x, dataset.to_inputs(dataset.normalize(aug.apply(rows, aug.draw(3, rng)))))
