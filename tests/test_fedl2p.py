@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -391,17 +392,21 @@ def test_fedl2p_runs_end_to_end_and_personalizes_with_the_best_lambda():
 
 
 def test_finetune_recipe_returns_the_best_lambdas_betas_and_lrs():
-    finetune = pytest.importorskip("pfl_core.finetune", reason="pfl_core/finetune.py (l2p-eval) not merged yet")
+    from pfl_core.finetune import MetaInputs
+
     fed = l2p_federation(sizes=(8,))
     algorithm, model = make()
     server = algorithm.init_server(model_params(model))
     server["best_lambda"] = {n: t * 1.5 for n, t in server["lambda"].items()}
     xi, x = algorithm.client_inputs(server, contexts(fed)[0])
-    recipe = algorithm.finetune_recipe(server, server["pretrained"], finetune.MetaInputs(xi, x))
+    recipe = algorithm.finetune_recipe(server, server["pretrained"], MetaInputs(xi, x))
     betas, lrs = algorithm.betas_and_lrs(server["best_lambda"], xi, x)
     torch.testing.assert_close(recipe.betas, betas)
     torch.testing.assert_close(torch.stack(list(recipe.lrs)), lrs)
-    assert recipe.running_init == "reset" and recipe.test_mode == "eval"
+    assert recipe.running_init == "reset" and recipe.test_mode == "eval" and recipe.skip_nonfinite
+    bn_only, _ = make(lr_net=False, inner_lr=0.01)
+    lam = bn_only.init_server(model_params(model))["lambda"]
+    assert bn_only.finetune_recipe({"best_lambda": lam}, None, (xi, x)).lrs == 0.01
 
 
 # ------------------------------------------------------------------ switches
@@ -453,6 +458,9 @@ def test_l2p_keeps_lambda_local_and_the_server_unchanged():
     assert any(not torch.equal(local[n], server["lambda"][n]) for n in local)
     assert any(not torch.equal(local[n], ctxs[1].state["lambda"][n]) for n in local)
     assert algorithm.personal_lambda(after, ctxs[0]) is local
+    xi, x = algorithm.client_inputs(after, ctxs[0])
+    recipe = algorithm.finetune_recipe(after, after["pretrained"], (xi, x), ctxs[0])
+    torch.testing.assert_close(recipe.betas, algorithm.betas_and_lrs(local, xi, x)[0])
     # a second participation continues from the client's own lambda
     assert algorithm.carry_in(after, ctxs[0], 1)["lambda"] is local
     with pytest.raises(ValueError, match="not been trained"):
@@ -482,3 +490,36 @@ def test_batched_and_sequential_paths_give_the_same_lambda_after_a_round():
     init, _ = make()
     start = init.init_server(model_params(tiny_resnet().double()))["lambda"]
     assert any(not torch.equal(runs[0]["lambda"][n], start[n]) for n in start)
+
+
+# ------------------------------------------------------------------ end to end
+
+@pytest.mark.parametrize("method,federation", [("fedl2p", {"rounds": 2, "clients_per_round": 2}),
+                                               ("l2p", {"rounds": 1, "clients_per_round": 0})])
+def test_fedl2p_and_l2p_run_through_the_experiment_and_finetune_pretrained(tmp_path, monkeypatch, method, federation):
+    """CIFAR-10-format files, 2 clients (15 train / 5 val / 5 test), a width-2 ResNet: the run
+    trains lambda, then the protocol fine-tunes every client with the recipe of the best (L2P: its
+    own) lambda; the per-client arrays hold BNNet's betas and LRNet's lrs."""
+    from fake_data import write_cifar10
+    from pfl_core.config import RunConfig
+    from pfl_core.experiment import run_experiment
+
+    write_cifar10(tmp_path, 10, monkeypatch)
+    monkeypatch.setenv("PFL_DOWNLOAD", "0")
+    cfg = RunConfig.from_dict({
+        "data": {"dataset": "cifar10", "num_clients": 2, "partition": {"name": "iid"},
+                 "client_splits": {"val": 0.2, "test": 0.2}},
+        "model": {"name": "resnet18_cifar", "params": {"width": 2}},
+        "method": {"name": method, "params": FAST},
+        "federation": {**federation, "batch_size": 32},
+        "evaluation": {"protocol": "finetune_pretrained",
+                       "params": {"epochs": 1, "finetune_splits": ["train", "val"], "augment": False, "lr": 0.05}},
+        "seed": 0,
+    })
+    result = run_experiment(cfg, device="cpu", data_dir=str(tmp_path), execution="sequential")
+    arrays = result.arrays["personalization"]
+    assert arrays["beta"].shape == (2, 20) and ((arrays["beta"] >= 0) & (arrays["beta"] <= 1)).all()
+    assert not (arrays["beta"] == 1).all()  # BNNet's, not BN C's
+    assert arrays["eta"].shape == (2, 62) and np.isfinite(arrays["eta"]).all()  # eta-tilde may turn negative
+    assert not np.allclose(arrays["eta"], 0.05)  # not the protocol's FT lr
+    assert 0 <= result.metrics["acc_pooled"] <= 100

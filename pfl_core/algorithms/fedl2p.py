@@ -53,6 +53,7 @@ from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
 from pfl_core.augment import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.finetune import FinetuneRecipe
 from pfl_core.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
 from pfl_core.meta_inputs import meta_inputs
 from pfl_core.models.kld_bn import (bn_mode, bn_names, forward_bn, load_pretrained, model_buffers,
@@ -241,15 +242,15 @@ class FedL2P(Algorithm):
 
     def finetune_recipe(self, server: ServerState, pretrained, inputs, client: ClientContext | None = None):
         """The contract's recipe: betas = BNNet(xi), lrs = LRNet(x) * eta-tilde of the best lambda
-        (``inputs``: ``MetaInputs(xi, lr_stats)`` or a tuple ``(xi, x)``); running statistics
-        reset to (0, 1), eval-mode test."""
-        from pfl_core.finetune import FinetuneRecipe  # evaluation side (E's module)
+        (L2P: the client's own; ``inputs``: ``MetaInputs(xi, lr_stats)`` or a tuple ``(xi, x)``);
+        running statistics reset to (0, 1), eval-mode test, NaN/inf fine-tuning steps skipped as
+        the FedL2P client does (spec "Implementation details" 4)."""
 
         xi, x = (inputs.xi, inputs.lr_stats) if hasattr(inputs, "xi") else inputs
         lam = self.personal_lambda(server, client)
         out = self.meta_outputs(lam, xi, x)
         lrs = list(out["eta"]) if self.hp.lr_net else self.hp.inner_lr
-        return FinetuneRecipe(betas=out["beta"], lrs=lrs, running_init="reset", test_mode="eval")
+        return FinetuneRecipe(betas=out["beta"], lrs=lrs, running_init="reset", test_mode="eval", skip_nonfinite=True)
 
     # -- the client program ---------------------------------------------------------------------
     def steps(self, client: ClientContext) -> tuple[int, int, int]:
