@@ -138,7 +138,7 @@ def fedl2p_data(smoke_data) -> Path:
     root = smoke_data[0]
     fake_data.write_cifar10c(root, FEDL2P_CORRUPTIONS, per_severity=100)
     for name in ("office_caltech10", "domainnet"):
-        fake_data.write_fedbn_domains(root, name)
+        fake_data.write_fedbn_domains(root, name, test=10)  # every class in every split (the LDA cuts need them)
     fake_data.write_speech_commands(root, train_speakers={f"s{k}000001": 6 for k in range(4)},
                                     held_speakers={"v0000001": ("val", 6), "t0000001": ("test", 6)})
     return root
