@@ -149,6 +149,28 @@ def test_client_fit_augments_inner_and_l_t_batches_with_one_draw_per_batch():
     assert "augment" not in none.carry_in(none.init_server(model_params(model)), contexts(fed)[0], 0)
 
 
+def test_flip_rotate_meta_augmentation_is_one_flip_and_angle_per_batch_on_the_raw_image():
+    """Office/DomainNet: RandomHorizontalFlip + RandomRotation(+-30) shared by the batch, applied
+    before Normalize (the rotation's zero fill is black), as pfl_core.augment_domains does it."""
+    from pfl_core.augment_domains import FlipRotate, flip_rotate
+
+    fed = l2p_federation(sizes=(8,))
+    algorithm, model = make(meta_augment="flip_rotate")
+    server = algorithm.init_server(model_params(model))
+    ctx = contexts(fed)[0]
+    draws = algorithm.carry_in(server, ctx, 0)["augment"]
+    plan = algorithm.draw(ctx, 0)
+    assert set(draws["inner"]) == {"flip", "angle"} and draws["inner"]["angle"].shape == (len(plan["inner"]),)
+    assert bool((draws["inner"]["angle"].abs() <= 30).all())
+    x = ctx.dataset.batch(plan["inner"][1])[0]
+    pad = draws["pad"]
+    got = augment_batch(x, draws["inner"], 1, pad, 4)
+    n = x.shape[0]
+    shared = FlipRotate(draws["inner"]["flip"][1].expand(n), draws["inner"]["angle"][1].expand(n))
+    torch.testing.assert_close(got, flip_rotate(x - pad, shared) + pad)
+    assert not torch.equal(got, x)
+
+
 # ------------------------------------------------------------------ meta-gradients
 
 def test_the_meta_gradient_reaches_eta_tilde_only_through_the_last_inner_step():

@@ -52,6 +52,7 @@ from torch.func import functional_call
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
 from pfl_core.augment import CropFlip, crop_flip, draw_crop_flip
+from pfl_core.augment_domains import FlipRotate, draw_flip_rotate, flip_rotate
 from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.finetune import FinetuneRecipe
 from pfl_core.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
@@ -102,11 +103,12 @@ class FedL2PHyper(HyperParams):
     """An inner step whose loss exceeds this has its gradient clamped (the code's "hotfix")."""
     inner_grad_clip: PositiveFloat = 0.5
     """... elementwise to [-inner_grad_clip, inner_grad_clip]."""
-    meta_augment: Literal["crop_flip", "none"] = "crop_flip"
-    """Meta-training augmentation of train batches: ``crop_flip`` = RandomCrop(padding
-    ``augment_padding``) + RandomHorizontalFlip with one draw shared by the whole batch (CIFAR-10/10-C
-    code, spec "Transforms"); ``none`` (Speech Commands, whose ``jit_augment`` is the identity).
-    Office's flip + rotation is not implemented."""
+    meta_augment: Literal["crop_flip", "flip_rotate", "none"] = "crop_flip"
+    """Meta-training augmentation of train batches, one draw shared by the whole batch (the code's
+    ``jit_augment``): ``crop_flip`` = RandomCrop(padding ``augment_padding``) + RandomHorizontalFlip
+    (CIFAR-10/10-C, spec "Transforms"); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
+    (Office-Caltech-10, DomainNet: spec "Office-Caltech-10", :mod:`pfl_core.augment_domains`);
+    ``none`` (Speech Commands, whose ``jit_augment`` is the identity)."""
     augment_padding: PositiveInt = 4
     """Zero padding (in [0, 1] pixel space) of the random crop."""
     weighting: Literal["val", "uniform"] = "val"
@@ -130,6 +132,8 @@ def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor
     if draws is None:
         return x
     n = x.shape[0]
+    if "angle" in draws:  # flip + rotation (Office, DomainNet): the zero fill is black before Normalize too
+        return flip_rotate(x - pad, FlipRotate(*(draws[k][i].expand(n) for k in ("flip", "angle")))) + pad
     shared = CropFlip(*(draws[k][i].expand(n) for k in ("top", "left", "flip")))
     return crop_flip(x - pad, shared, padding) + pad
 
@@ -276,7 +280,7 @@ class FedL2P(Algorithm):
         return carry
 
     def draw_augment(self, server: ServerState, client: ClientContext) -> dict | None:
-        """Host-side crop/flip draws, one per batch, from the client's train-stream generator:
+        """Host-side crop/flip (or flip/rotation) draws, one per batch, from the client's train-stream generator:
         ``inputs`` (meta-net input batches), ``inner`` (K x S), ``ltrain`` (K), and ``pad`` (the
         normalized black image). None with ``meta_augment: none``."""
         if self.hp.meta_augment == "none":
@@ -289,7 +293,10 @@ class FedL2P(Algorithm):
         counts = {"inputs": math.ceil(client.num_samples("train") / b), "inner": outer * inner,
                   "ltrain": outer if self.hp.hypergradient == "ift" else 0}
         for name, count in counts.items():
-            out[name] = dict(zip(("top", "left", "flip"), draw_crop_flip(count, gen, padding=padding)))
+            if self.hp.meta_augment == "flip_rotate":
+                out[name] = dict(zip(("flip", "angle"), draw_flip_rotate(count, gen)))
+            else:
+                out[name] = dict(zip(("top", "left", "flip"), draw_crop_flip(count, gen, padding=padding)))
         return out
 
     def draw(self, client: ClientContext, round_idx: int):
