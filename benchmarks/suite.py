@@ -595,7 +595,8 @@ def _check_metric(metric: Any, path: Path) -> None:
         raise SuiteError(f"{path}: metric.pm must be std, sem or none, got {metric['pm']!r}")
     history = metric.get("aggregate") == "best_val_round"
     allowed = HISTORY_METRICS if history else FINAL_METRICS
-    if metric["key"] not in allowed and not (not history and metric["key"].startswith(EVAL_KEY_PREFIXES)):
+    key_ok = isinstance(metric["key"], str) and not history and metric["key"].startswith(EVAL_KEY_PREFIXES)
+    if metric["key"] not in allowed and not key_ok:
         raise SuiteError(f"{path}: metric.key: {metric['key']!r} is not a metric that runs log; allowed: "
                          f"{list(allowed)}")
     if "curve_metric" in metric and metric["curve_metric"] not in CURVE_METRICS:
