@@ -109,3 +109,16 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("PFLBENCH_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def make_dry_run(target: str) -> str:
+    """``make -n TARGET`` at the repository root (quick profile, 2 jobs): the commands a target runs."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, "PROFILE=quick", "JOBS=2"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout

@@ -46,21 +46,17 @@ def flat_federation(sizes, features=6, classes=3, test=4, seed=0) -> FederatedDa
     return _federation(ArrayDataset("flat", x, y, classes), sizes, test)
 
 
-def image_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
+def image_federation(sizes, classes=3, test=4, seed=0, shape=(1, 6, 6), name="img") -> FederatedData:
     gen = torch.Generator().manual_seed(seed)
     total = sum(sizes) + test * len(sizes)
-    x = torch.rand(total, 1, 6, 6, generator=gen, dtype=torch.float64)
+    x = torch.rand(total, *shape, generator=gen, dtype=torch.float64)
     y = torch.randint(0, classes, (total,), generator=gen)
-    return _federation(ArrayDataset("img", x, y, classes), sizes, test)
+    return _federation(ArrayDataset(name, x, y, classes), sizes, test)
 
 
 def rgb_federation(sizes, classes=3, test=4, seed=0) -> FederatedData:
     """3x8x8 float64 images (the tiny KLD-BN ResNets of FedL2P's stage 1)."""
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(sizes) + test * len(sizes)
-    x = torch.rand(total, 3, 8, 8, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, classes, (total,), generator=gen)
-    return _federation(ArrayDataset("rgb", x, y, classes), sizes, test)
+    return image_federation(sizes, classes, test, seed, shape=(3, 8, 8), name="rgb")
 
 
 def _federation(dataset, sizes, test) -> FederatedData:

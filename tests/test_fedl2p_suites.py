@@ -24,7 +24,7 @@ import yaml
 
 import benchmarks.suite as suite_module
 from benchmarks.suite import Suite, _parse_axis, cell_id, load_suite
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
 
@@ -420,18 +420,6 @@ def test_a_quantity_listed_twice_for_one_cell_is_rejected(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ make targets
-
-
-def make_dry_run(target: str) -> str:
-    import shutil
-    import subprocess
-
-    if shutil.which("make") is None:
-        pytest.skip("needs make")
-    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, "PROFILE=quick", "JOBS=2"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from benchmarks.suite import cell_id, load_suite
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
 
@@ -294,18 +294,6 @@ def test_table2_quick_keeps_local_and_lg_fedavg_meaningful():
 
 
 # ------------------------------------------------------------------------------------------ make targets
-
-
-def make_dry_run(target: str) -> str:
-    import shutil
-    import subprocess
-
-    if shutil.which("make") is None:
-        pytest.skip("needs make")
-    proc = subprocess.run(["make", "-n", "-o", ".venv/.installed", target, "PROFILE=quick", "JOBS=2"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
 
 
 @pytest.mark.parametrize("name", NAMES)
