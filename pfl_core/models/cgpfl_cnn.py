@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from pfl_core.models import MODELS
+from pfl_core.models.pooling import MaxPool2d
 
 
 @MODELS.register("cgpfl_cnn")
@@ -17,8 +18,8 @@ def cgpfl_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if tuple(input_shape) != (3, 32, 32):
         raise ValueError(f"model 'cgpfl_cnn' expects inputs of shape (3, 32, 32), got {tuple(input_shape)}")
     return nn.Sequential(
-        nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(3, 6, 5), nn.ReLU(), MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(16 * 5 * 5, 120), nn.ReLU(),
         nn.Linear(120, num_classes),

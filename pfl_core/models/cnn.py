@@ -8,12 +8,13 @@ from __future__ import annotations
 import torch.nn as nn
 
 from pfl_core.models import MODELS
+from pfl_core.models.pooling import MaxPool2d
 
 
 def conv_block(c_in: int, c_out: int, kernel: int, padding: int | str, batchnorm: bool = True) -> nn.Sequential:
     """Conv -> BN (batch statistics only) -> ReLU -> MaxPool(2, 2); ``batchnorm=False`` drops the BN."""
     norm = [nn.BatchNorm2d(c_out, track_running_stats=False)] if batchnorm else []
-    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=padding), *norm, nn.ReLU(), nn.MaxPool2d(2, 2))
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=padding), *norm, nn.ReLU(), MaxPool2d(2, 2))
 
 
 def dense_block(d_in: int, d_out: int) -> nn.Sequential:

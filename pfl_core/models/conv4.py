@@ -22,13 +22,14 @@ import torch
 import torch.nn as nn
 
 from pfl_core.models import MODELS
+from pfl_core.models.pooling import MaxPool2d
 
 WIDTH = 64
 
 
 def _block(c_in: int, pool: bool) -> nn.Sequential:
     layers = [nn.Conv2d(c_in, WIDTH, 3, padding=1), nn.BatchNorm2d(WIDTH, track_running_stats=False), nn.ReLU()]
-    return nn.Sequential(*layers, *([nn.MaxPool2d(2)] if pool else []))
+    return nn.Sequential(*layers, *([MaxPool2d(2)] if pool else []))
 
 
 def _learn2learn_init(block: nn.Sequential) -> None:

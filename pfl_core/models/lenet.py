@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pfl_core.models import MODELS
+from pfl_core.models.pooling import max_pool2d
 
 EMBEDDING_DIM = 84
 
@@ -38,8 +39,8 @@ class LeNetTrunk(nn.Module):
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
         """fc2's output, before any activation."""
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = max_pool2d(F.relu(self.conv1(x)), 2)
+        x = max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from pfl_core.models import MODELS
 from pfl_core.models.kld_bn import KLDBatchNorm2d
+from pfl_core.models.pooling import MaxPool2d
 
 
 class BasicBlock(nn.Module):
@@ -111,7 +112,7 @@ def resnet18_imagenet(input_shape: tuple[int, ...], num_classes: int, width: int
     (:mod:`pfl_core.models.imagenet_weights`); the head keeps its own init (the run's init seed)."""
     _check("resnet18_imagenet", input_shape, 3, width)
     model = ResNet18(nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False),
-                     nn.MaxPool2d(kernel_size=3, stride=2, padding=1), num_classes, width)
+                     MaxPool2d(kernel_size=3, stride=2, padding=1), num_classes, width)
     if weights == "imagenet":
         from pfl_core.models.imagenet_weights import load_imagenet
 

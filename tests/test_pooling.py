@@ -1,0 +1,108 @@
+"""The channels-last max-pool forward (pfl_core.models.pooling) gives F.max_pool2d's numbers bit
+for bit: values, indices, gradients and second derivatives, ties and NaN included."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pfl_core.models import build_model
+from pfl_core.models.pooling import MaxPool2d, max_pool2d
+from pfl_core.training import gradients, model_params
+
+GEOMETRIES = [  # (kernel, stride, padding): conv_block / LeNet, defaults, ResNet's ImageNet stem
+    (2, 2, 0), (2, None, 0), (3, 2, 1)]
+
+
+def activations(shape, dtype, seed=0):
+    """ReLU'd values on a coarse grid: many exact ties (zeros and equal maxima) in each window."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 4, shape, generator=gen).to(dtype).relu()
+    return x + 0.5 * (torch.rand(shape, generator=gen, dtype=dtype) < 0.3).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel,stride,padding", GEOMETRIES)
+@pytest.mark.parametrize("shape", [(3, 4, 12, 12), (2, 3, 9, 7)])
+def test_forward_and_gradient_equal_max_pool2d(dtype, kernel, stride, padding, shape):
+    x = activations(shape, dtype)
+    ours_in, ref_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours = max_pool2d(ours_in, kernel, stride, padding)
+    ref = F.max_pool2d(ref_in, kernel, stride, padding)
+    assert ours.shape == ref.shape and ours.is_contiguous()
+    assert torch.equal(ours, ref)
+    weights = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    (ours * weights).sum().backward()
+    (ref * weights).sum().backward()
+    assert torch.equal(ours_in.grad, ref_in.grad)
+    # the tie rule picked the same element: the gradient lands on exactly one input per window
+    assert int((ref_in.grad != 0).sum()) <= ref.numel()
+
+
+def test_channels_last_kernel_picks_the_same_indices():
+    """What the module relies on: both CPU kernels return the same flat indices under ties."""
+    x = activations((4, 8, 16, 16), torch.float32, seed=3)
+    _, nchw = F.max_pool2d(x, 2, 2, return_indices=True)
+    _, channels_last = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), 2, 2, return_indices=True)
+    assert torch.equal(nchw, channels_last.contiguous())
+
+
+def test_nan_and_infinities_propagate_as_in_max_pool2d():
+    x = activations((2, 3, 8, 8), torch.float64)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, 2, 3] = float("inf")
+    x[1, 2] = float("-inf")
+    ours_in, ref_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, ref = max_pool2d(ours_in, 2), F.max_pool2d(ref_in, 2)
+    assert torch.equal(ours.isnan(), ref.isnan())
+    assert torch.equal(ours.nan_to_num(), ref.nan_to_num())
+    ours.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(ours_in.grad, ref_in.grad)
+
+
+def test_second_derivative_equals_max_pool2d():
+    """Meta-gradients differentiate through a step: the backward itself must be differentiable."""
+    x = activations((2, 3, 8, 8), torch.float64) + torch.rand(2, 3, 8, 8, dtype=torch.float64)
+    v = torch.randn(2, 3, 4, 4, dtype=torch.float64)
+
+    def second(pool):
+        inp = x.clone().requires_grad_()
+        out = pool(inp, 2, 2, 0)
+        (g,) = torch.autograd.grad((out ** 3 * v).sum(), inp, create_graph=True)
+        (gg,) = torch.autograd.grad((g ** 2).sum(), inp)
+        return g.detach(), gg
+
+    ours, ref = second(max_pool2d), second(F.max_pool2d)
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    assert ref[1].abs().sum() > 0
+
+
+def test_gradcheck_against_finite_differences():
+    x = torch.rand(2, 2, 6, 6, dtype=torch.float64, requires_grad=True)  # distinct values: no ties
+    assert torch.autograd.gradcheck(lambda t: max_pool2d(t, 2), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: max_pool2d(t, 3, 2, 1), (x,))
+
+
+def test_inside_torch_func_transforms_equals_max_pool2d():
+    """The batched path (vmap over clients, grad inside) takes F.max_pool2d and agrees."""
+    xs = activations((3, 2, 4, 8, 8), torch.float64)
+    loss = lambda pool: (lambda t: pool(t, 2, 2, 0).pow(2).sum())
+    ours = torch.func.vmap(torch.func.grad(loss(max_pool2d)))(xs)
+    ref = torch.func.vmap(torch.func.grad(loss(F.max_pool2d)))(xs)
+    assert torch.equal(ours, ref)
+
+
+def test_module_matches_nn_maxpool_in_a_model_step():
+    """Model A's gradient with the module equals the one with ``nn.MaxPool2d`` swapped back in."""
+    torch.manual_seed(0)
+    model = build_model("cafeme_cnn_a", (1, 28, 28), 10)
+    pools = [m for m in model.modules() if isinstance(m, MaxPool2d)]
+    assert len(pools) == 2
+    params = model_params(model)
+    x, y = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
+    ours, loss = gradients(model, params, x, y)
+    for block in model.features:
+        block[-1] = nn.MaxPool2d(2, 2)
+    ref, ref_loss = gradients(model, params, x, y)
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(ours[k], ref[k]) for k in ref)
