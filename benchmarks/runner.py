@@ -175,6 +175,7 @@ class _PoolRun:
                         break
                     in_flight[self.pool.submit(self.fn, *call[1])] = call
                 if not in_flight:
+                    self.pool.shutdown(wait=True)  # idle workers exit on their own, releasing their locks
                     return
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 broken = []
@@ -205,7 +206,9 @@ class _PoolRun:
                 self.suspects.append((key, args))
 
     def _kill(self) -> None:
-        """Drop queued calls and kill the workers now (they hold no store and no claim)."""
+        """Drop queued calls and kill the workers now (they hold no store and no claim); nothing
+        after a graceful shutdown. A killed worker may hold the call queue's semaphore, which
+        Python's resource tracker then reports as leaked at exit: the normal end never kills."""
         processes = list((getattr(self.pool, "_processes", None) or {}).values())
         self.pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
