@@ -93,7 +93,8 @@ def test_inside_torch_func_transforms_equals_max_pool2d():
 
 
 def test_module_matches_nn_maxpool_in_a_model_step():
-    """Model A's gradient with the module equals the one with ``nn.MaxPool2d`` swapped back in."""
+    """Model A's gradient equals the one of its textbook blocks (Conv -> BN -> ReLU ->
+    ``nn.MaxPool2d``) swapped back in."""
     torch.manual_seed(0)
     model = build_model("cafeme_cnn_a", (1, 28, 28), 10)
     pools = [m for m in model.modules() if isinstance(m, MaxPool2d)]
@@ -101,8 +102,34 @@ def test_module_matches_nn_maxpool_in_a_model_step():
     params = model_params(model)
     x, y = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
     ours, loss = gradients(model, params, x, y)
-    for block in model.features:
-        block[-1] = nn.MaxPool2d(2, 2)
+    for i, block in enumerate(model.features):
+        model.features[i] = nn.Sequential(block[0], block[1], nn.ReLU(), nn.MaxPool2d(2, 2))
     ref, ref_loss = gradients(model, params, x, y)
     assert torch.equal(loss, ref_loss)
     assert all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
+@pytest.mark.parametrize("batchnorm", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv_block_pools_before_relu_with_the_textbook_numbers(batchnorm, dtype):
+    """``conv_block`` runs Conv -> BN -> MaxPool -> ReLU: outputs and every gradient equal the
+    textbook Conv -> BN -> ReLU -> MaxPool bit for bit, ties and all-negative windows included."""
+    from pfl_core.models.cnn import conv_block
+
+    torch.manual_seed(0)
+    ours = conv_block(3, 8, 3, "same", batchnorm).to(dtype)
+    textbook = nn.Sequential(*[m for m in ours if not isinstance(m, (nn.ReLU, nn.MaxPool2d))],
+                             nn.ReLU(), nn.MaxPool2d(2, 2))
+    x = activations((5, 3, 10, 10), dtype, seed=4) - 1.0  # many negative and tied pre-activations
+    weights = torch.randn(5, 8, 5, 5, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    results = []
+    for block in (ours, textbook):
+        block.zero_grad()
+        inp = x.clone().requires_grad_()
+        out = block(inp)
+        (out * weights).sum().backward()
+        results.append((out.detach(), inp.grad, [p.grad.clone() for p in block.parameters()]))
+    (out_a, gx_a, gp_a), (out_b, gx_b, gp_b) = results
+    assert torch.equal(out_a, out_b) and torch.equal(gx_a, gx_b)
+    assert all(torch.equal(a, b) for a, b in zip(gp_a, gp_b))
+    assert (out_a == 0).any() and (out_a > 0).any()
