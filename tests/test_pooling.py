@@ -109,19 +109,33 @@ def test_module_matches_nn_maxpool_in_a_model_step():
     assert all(torch.equal(ours[k], ref[k]) for k in ref)
 
 
-@pytest.mark.parametrize("batchnorm", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_conv_block_pools_before_relu_with_the_textbook_numbers(batchnorm, dtype):
-    """``conv_block`` runs Conv -> BN -> MaxPool -> ReLU: outputs and every gradient equal the
-    textbook Conv -> BN -> ReLU -> MaxPool bit for bit, ties and all-negative windows included."""
+def _conv_block(batchnorm):
     from pfl_core.models.cnn import conv_block
 
+    return conv_block(3, 8, 3, "same", batchnorm)
+
+
+def _conv4_block(_batchnorm):
+    from pfl_core.models.conv4 import _block
+
+    return _block(3, pool=True)
+
+
+@pytest.mark.parametrize("make_block,batchnorm,size", [
+    (_conv_block, True, 10), (_conv_block, False, 10), (_conv4_block, True, 11)])  # 11: floor mode drops a row
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_blocks_pool_before_relu_with_the_textbook_numbers(make_block, batchnorm, size, dtype):
+    """``conv_block`` and the conv4 block run Conv -> BN -> MaxPool -> ReLU (``relu_then_pool``):
+    outputs and every gradient equal the textbook Conv -> BN -> ReLU -> MaxPool bit for bit, ties
+    and all-negative windows included."""
     torch.manual_seed(0)
-    ours = conv_block(3, 8, 3, "same", batchnorm).to(dtype)
+    ours = make_block(batchnorm).to(dtype)
+    assert [type(m).__name__ for m in ours][-2:] == ["MaxPool2d", "ReLU"]
     textbook = nn.Sequential(*[m for m in ours if not isinstance(m, (nn.ReLU, nn.MaxPool2d))],
                              nn.ReLU(), nn.MaxPool2d(2, 2))
-    x = activations((5, 3, 10, 10), dtype, seed=4) - 1.0  # many negative and tied pre-activations
-    weights = torch.randn(5, 8, 5, 5, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    x = activations((5, 3, size, size), dtype, seed=4) - 1.0  # many negative and tied pre-activations
+    out_shape = (5, 8 if make_block is _conv_block else 64, size // 2, size // 2)
+    weights = torch.randn(out_shape, generator=torch.Generator().manual_seed(5), dtype=dtype)
     results = []
     for block in (ours, textbook):
         block.zero_grad()

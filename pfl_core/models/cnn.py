@@ -8,18 +8,14 @@ from __future__ import annotations
 import torch.nn as nn
 
 from pfl_core.models import MODELS
-from pfl_core.models.pooling import MaxPool2d
+from pfl_core.models.pooling import relu_then_pool
 
 
 def conv_block(c_in: int, c_out: int, kernel: int, padding: int | str, batchnorm: bool = True) -> nn.Sequential:
     """Conv -> BN (batch statistics only) -> ReLU -> MaxPool(2, 2); ``batchnorm=False`` drops the BN.
-
-    Computed as Conv -> BN -> MaxPool -> ReLU: max and ReLU commute (ReLU is monotone), so the
-    outputs are the same, and so are the gradients (the window's first maximum is the element the
-    textbook order routes to, and ReLU zeroes the same windows), while ReLU runs on a quarter of
-    the elements (``tests/test_pooling.py`` holds the two orders equal bit for bit)."""
+    ReLU and pool are computed pool first (:func:`~pfl_core.models.pooling.relu_then_pool`)."""
     norm = [nn.BatchNorm2d(c_out, track_running_stats=False)] if batchnorm else []
-    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=padding), *norm, MaxPool2d(2, 2), nn.ReLU())
+    return nn.Sequential(nn.Conv2d(c_in, c_out, kernel, padding=padding), *norm, *relu_then_pool())
 
 
 def dense_block(d_in: int, d_out: int) -> nn.Sequential:

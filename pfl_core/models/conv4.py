@@ -22,14 +22,15 @@ import torch
 import torch.nn as nn
 
 from pfl_core.models import MODELS
-from pfl_core.models.pooling import MaxPool2d
+from pfl_core.models.pooling import relu_then_pool
 
 WIDTH = 64
 
 
 def _block(c_in: int, pool: bool) -> nn.Sequential:
-    layers = [nn.Conv2d(c_in, WIDTH, 3, padding=1), nn.BatchNorm2d(WIDTH, track_running_stats=False), nn.ReLU()]
-    return nn.Sequential(*layers, *([MaxPool2d(2)] if pool else []))
+    """Conv3x3 -> BN -> ReLU [-> MaxPool(2)], ReLU and pool computed pool first (``relu_then_pool``)."""
+    return nn.Sequential(nn.Conv2d(c_in, WIDTH, 3, padding=1), nn.BatchNorm2d(WIDTH, track_running_stats=False),
+                         *(relu_then_pool() if pool else [nn.ReLU()]))
 
 
 def _learn2learn_init(block: nn.Sequential) -> None:

@@ -11,6 +11,11 @@ backward with PyTorch's own NCHW ``max_pool2d_with_indices_backward`` on those i
 the gradient and the second derivative are those of ``F.max_pool2d`` bit for bit
 (``tests/test_pooling.py``). CUDA tensors, and any call inside a ``torch.func`` transform (the
 batched path's ``vmap``/``grad``), take ``F.max_pool2d`` itself.
+
+:func:`relu_then_pool` is ReLU followed by a 2x2 max-pool, computed pool first: max and ReLU
+commute (ReLU is monotone), the gradient reaches the same element of each window (the first
+maximum, which the textbook order also picks) and ReLU zeroes the same windows, so outputs and
+gradients are those of the textbook order bit for bit, with ReLU on a quarter of the elements.
 """
 from __future__ import annotations
 
@@ -64,3 +69,8 @@ class MaxPool2d(nn.MaxPool2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return max_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+def relu_then_pool() -> list[nn.Module]:
+    """ReLU -> MaxPool(2, 2) as the layers MaxPool(2, 2) -> ReLU (the same numbers, module docstring)."""
+    return [MaxPool2d(2, 2), nn.ReLU()]
