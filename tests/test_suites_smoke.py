@@ -130,13 +130,13 @@ def metavers_data(smoke_data) -> dict:
 def fedl2p_data(smoke_data) -> Path:
     """CIFAR-10-C, Office-Caltech-10, DomainNet and Speech Commands for the FedL2P smoke profiles,
     beside :func:`smoke_data`, with the writers of the branches that load them (tests/fake_data.py):
-    CIFAR-10-C's 10 corruptions of 100 images per severity (1 client each: 64 / 16 / 20), FedBN's
+    CIFAR-10-C's 10 corruptions of 60 images per severity (1 client each: 38 / 10 / 12, every class in every split), FedBN's
     Office / DomainNet layout (one smoke client per domain), Speech Commands with 4 training and 2
     held-out speakers (the smoke pools). Requested only once a FedL2P suite loads."""
     from pfl_core.data.cifar10c import FEDL2P_CORRUPTIONS
 
     root = smoke_data[0]
-    fake_data.write_cifar10c(root, FEDL2P_CORRUPTIONS, per_severity=100)
+    fake_data.write_cifar10c(root, FEDL2P_CORRUPTIONS, per_severity=60)
     for name in ("office_caltech10", "domainnet"):
         fake_data.write_fedbn_domains(root, name, test=10)  # every class in every split (the LDA cuts need them)
     fake_data.write_speech_commands(root, train_speakers={f"s{k}000001": 6 for k in range(4)},
