@@ -147,3 +147,15 @@ def test_blocks_pool_before_relu_with_the_textbook_numbers(make_block, batchnorm
     assert torch.equal(out_a, out_b) and torch.equal(gx_a, gx_b)
     assert all(torch.equal(a, b) for a, b in zip(gp_a, gp_b))
     assert (out_a == 0).any() and (out_a > 0).any()
+
+
+def test_block_timing_benchmark_compares_bit_identical_models(capsys):
+    """benchmarks/block_timing.py (the speed claim of the two changes above) runs and finds the
+    project's blocks and the textbook blocks at the same parameters after its steps."""
+    from benchmarks import block_timing
+
+    result = block_timing.compare("cafeme_cnn_a", (1, 28, 28), batch=4, steps=2, reps=1)
+    assert result["bit_identical"] is True
+    assert result["textbook_ms"] > 0 and result["project_ms"] > 0 and result["paired_ratio"] > 0
+    assert block_timing.main(["--reps", "1", "--threads", "1"]) == 0
+    assert "cafeme_cnn_b" in capsys.readouterr().out
