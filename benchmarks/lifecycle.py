@@ -4,6 +4,9 @@
   ``KeyboardInterrupt``) in the main thread, held while a store write is shielded, so one
   ``except`` path cancels the queued work, kills the workers and marks the claimed runs KILLED
   (:func:`benchmarks.runner.run_sweep`).
+* :func:`signals_held`: holds those signals the same way around any block the active guard must
+  not cut, such as the start of a worker process (cut between its spawn and the pipe write of its
+  start-up data, the new worker dies with a traceback: "Ran out of input").
 * :func:`worker_init`: the initializer of every worker process. It ignores SIGINT (a Ctrl-C in the
   terminal reaches the whole process group; the parent alone decides), asks the kernel to SIGKILL
   it when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``), and watches its parent pid from a
@@ -65,6 +68,15 @@ class SignalGuard:
             raise Interrupted(name)
 
 
+_active: SignalGuard | None = None
+
+
+def signals_held():
+    """The active guard's :meth:`SignalGuard.shielded` (a signal inside waits for the block's end);
+    a no-op outside :func:`signals_interrupt`."""
+    return _active.shielded() if _active is not None else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def signals_interrupt():
     """A :class:`SignalGuard` active inside the block; the previous handlers come back on exit.
@@ -74,10 +86,13 @@ def signals_interrupt():
         yield guard
         return
     names = [s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
+    global _active
     previous = {name: signal.signal(getattr(signal, name), guard.handler) for name in names}
+    outer, _active = _active, guard
     try:
         yield guard
     finally:
+        _active = outer
         for name, old in previous.items():
             signal.signal(getattr(signal, name), old)
 

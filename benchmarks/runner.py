@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.suite import RunSpec, Suite, SuiteError
 from benchmarks.claims import LEASE_S, ClaimBook
-from benchmarks.lifecycle import Interrupted, signals_interrupt, worker_init
+from benchmarks.lifecycle import Interrupted, signals_held, signals_interrupt, worker_init
 from benchmarks.tracking import Tracker, command_line, git_state
 from benchmarks.stages import Resolution, resolve_stage1, sweep_tags
 from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, WorkerArgs, execute_specs
@@ -154,8 +154,9 @@ class _PoolRun:
         self.pool = self._new_pool()
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.executor.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=worker_init, initargs=(os.getpid(),))
+        with signals_held():  # its queues may start multiprocessing's resource tracker process
+            return ProcessPoolExecutor(max_workers=self.executor.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=worker_init, initargs=(os.getpid(),))
 
     def _next(self, in_flight: dict) -> tuple[Hashable, tuple] | None:
         """The next call to submit: a suspect only into an empty pool, and then nothing beside it."""
@@ -173,7 +174,8 @@ class _PoolRun:
                     call = self._next(in_flight)
                     if call is None:
                         break
-                    in_flight[self.pool.submit(self.fn, *call[1])] = call
+                    with signals_held():  # a submit may start a worker process: never cut halfway
+                        in_flight[self.pool.submit(self.fn, *call[1])] = call
                 if not in_flight:
                     self.pool.shutdown(wait=True)  # idle workers exit on their own, releasing their locks
                     return

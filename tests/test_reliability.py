@@ -10,11 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from benchmarks.cli import main
+from benchmarks.lifecycle import Interrupted, signals_interrupt
 from benchmarks.runner import KILL_HOOK_ENV, LocalExecutor, run_sweep
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker
@@ -150,6 +152,30 @@ def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     out = again.communicate(timeout=600)[0]
     assert again.returncode == 0, out
     assert_each_config_finished_once(uri, key, load_suite(DEMO).expand("smoke"))
+
+
+@pytest.mark.parametrize("first_spawn", ["resource tracker", "worker"])
+def test_a_signal_while_a_process_starts_waits_until_its_start_up_data_is_written(monkeypatch, first_spawn):
+    """The race behind a Ctrl-C traceback ("Ran out of input" in a worker): SIGINT landing between
+    the spawn of a process (a pool worker, or the resource tracker its queues start) and the write
+    of its start-up data. The pool holds the signal until the process has it."""
+    import multiprocessing.resource_tracker
+    import multiprocessing.util
+    if first_spawn == "worker":
+        multiprocessing.resource_tracker.ensure_running()
+    spawn = multiprocessing.util.spawnv_passfds
+
+    def spawn_then_signal(*args):
+        pid = spawn(*args)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the parent's next bytecode
+        return pid
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawn_then_signal)
+    with pytest.raises(Interrupted) as caught, signals_interrupt():
+        for _ in LocalExecutor(jobs=2).map(os.getpid, [("a", ()), ("b", ())]):
+            pass
+    frames = [frame.name for frame in traceback.extract_tb(caught.value.__traceback__)]
+    assert "_launch" not in frames and "shielded" in frames, frames
 
 
 def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tmp_path):
