@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.model_selection import KFold
 
 from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
 from pfl_core.data.federated import ArrayDataset, FederatedData
@@ -59,6 +58,8 @@ class Group:
 def draw_group(class_rows: dict[int, np.ndarray], ways: int, users: int, rng: np.random.Generator) -> Group:
     """One group (module docstring, steps 1-3): ``class_rows`` maps each class of the split to its
     dataset rows."""
+    from sklearn.model_selection import KFold  # here: scikit-learn costs every run's process 1 s to import
+
     classes = [int(c) for c in rng.choice(sorted(class_rows), ways, replace=False)]
     folds = KFold(n_splits=users, shuffle=True, random_state=int(rng.integers(2**31)))
     members: list[list[np.ndarray]] = [[] for _ in range(users)]

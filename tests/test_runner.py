@@ -370,3 +370,17 @@ def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[0, 1, 4, 9]"
     assert "leaked semaphore" not in proc.stderr
+
+
+def test_a_worker_process_imports_no_library_a_plain_run_does_not_use():
+    """Every ``--jobs`` worker imports the entry point and the worker module before its first run:
+    scikit-learn, SciPy, scikit-image (analyses, novel-class splits, attack scores), MLflow (the
+    parent alone writes) and the report's libraries are imported where they are used."""
+    import subprocess
+    import sys
+    heavy = ("sklearn", "scipy", "skimage", "mlflow", "pandas", "matplotlib", "optuna", "ray")
+    code = ("import sys, benchmarks.cli, benchmarks.worker; "
+            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(worker.__file__).parents[1])
+    assert out.stdout.strip() == "", out.stdout

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
-from sklearn.cluster import SpectralClustering
-from sklearn.metrics import adjusted_rand_score
 
 from pfl_core.algorithms.base import HyperParams
 from pfl_core.analysis.base import ANALYSES, Analysis, AnalysisOutput
@@ -60,6 +58,8 @@ def spectral_clusters(features: np.ndarray, n_clusters: int,
         raise ValueError("spectral clustering: the client vectors hold NaN or inf")
     if n_clusters >= len(features):  # every client its own cluster (Office-Caltech-10: 4 clients, 4 domains)
         return np.arange(len(features))
+    from sklearn.cluster import SpectralClustering  # here: scikit-learn costs every run's process 0.5 s to import
+
     model = SpectralClustering(n_clusters=n_clusters, affinity=settings.affinity, gamma=settings.gamma,
                                assign_labels=settings.assign_labels, random_state=settings.random_state)
     return model.fit_predict(features)
@@ -72,6 +72,8 @@ def spectral_ari(features: np.ndarray, domains: Sequence, settings: ClusteringSe
     if len(domains) != len(features):
         raise ValueError(f"spectral_ari: {len(features)} client vectors but {len(domains)} domain labels")
     n_clusters = settings.n_clusters or len(np.unique(domains))
+    from sklearn.metrics import adjusted_rand_score
+
     return float(adjusted_rand_score(domains, spectral_clusters(features, n_clusters, settings)))
 
 

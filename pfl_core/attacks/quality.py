@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 import torch
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 
 def pixel_range(original: torch.Tensor) -> tuple[float, float]:
@@ -29,6 +28,8 @@ def _as_hwc(image: torch.Tensor) -> np.ndarray:
 
 def reconstruction_quality(original: torch.Tensor, reconstruction: torch.Tensor) -> dict[str, float]:
     """``{"psnr": dB, "ssim": [-1, 1]}`` of the (clipped) reconstruction against the original."""
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity  # here: it imports scipy.stats (0.7 s)
+
     low, high = pixel_range(original)
     truth = _as_hwc(original)
     guess = np.clip(_as_hwc(reconstruction), low, high)
