@@ -62,24 +62,38 @@ def cmd_run(args) -> int:
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
         return 2
-    tracker = _tracker(args)
-    from benchmarks.runner import pending_runs, run_sweep
-
     if args.dry_run:
-        todo, done = pending_runs(specs, tracker)
-        for spec in specs:
-            state = "FINISHED" if spec.config_hash in done else "pending"
-            print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
-                  f"hash={spec.config_hash} {state}")
-        print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
-              f"profile={args.profile}, store={tracker.public_uri}")
-        return 0
+        return dry_run(args, specs, _tracker(args))
+    executor = _executor(args)
+    executor.start()  # the workers import the run code while the store opens
+    try:
+        return sweep_and_report(args, suite, specs, _tracker(args), executor)
+    finally:
+        executor.close()
+
+
+def dry_run(args, specs, tracker) -> int:
+    """``--dry-run``: each run's hash and whether the store holds it FINISHED; nothing runs."""
+    from benchmarks.runner import pending_runs
+
+    todo, done = pending_runs(specs, tracker)
+    for spec in specs:
+        state = "FINISHED" if spec.config_hash in done else "pending"
+        print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
+              f"hash={spec.config_hash} {state}")
+    print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
+          f"profile={args.profile}, store={tracker.public_uri}")
+    return 0
+
+
+def sweep_and_report(args, suite, specs, tracker, executor) -> int:
+    """The sweep of ``specs`` on ``executor``, then (``--report``) the suite's tables and PDF."""
     from benchmarks.claims import LEASE_S
-    from benchmarks.runner import SweepInterrupted
+    from benchmarks.runner import SweepInterrupted, run_sweep
 
     try:
         summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
-                            executor=_executor(args), execution=args.execution,
+                            executor=executor, execution=args.execution,
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
                             deterministic=args.deterministic, command=getattr(args, "command_line", None))

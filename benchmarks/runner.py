@@ -33,7 +33,7 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
@@ -44,7 +44,7 @@ from benchmarks.claims import LEASE_S, ClaimBook
 from benchmarks.lifecycle import Interrupted, signals_held, signals_interrupt, worker_init
 from benchmarks.tracking import Tracker, command_line, git_state
 from benchmarks.stages import Resolution, resolve_stage1, sweep_tags
-from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, WorkerArgs, execute_specs
+from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, WorkerArgs, execute_specs, ready
 
 __all__ = ["DEFAULT_THREADS", "KILL_HOOK_ENV", "CheckpointPlan", "execute_specs", "run_sweep"]
 
@@ -124,12 +124,35 @@ class LocalExecutor:
     max_deaths: int = 2
     remote = False  # workers share this machine's files (MLflow store, suites)
 
+    _warm: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
+
     def __post_init__(self):
         self.threads = check_threads(self.threads)
 
     @property
     def in_process(self) -> bool:
         return self.jobs <= 1
+
+    def start(self) -> None:
+        """Start the worker processes now, so that they import the run code while this process
+        opens the store; the next :meth:`map` takes them. Nothing for an in-process executor."""
+        if self.in_process or self._warm is not None:
+            return
+        self._warm = new_pool(self.jobs)
+        for _ in range(self.jobs):  # one submit per worker: the pool spawns a process for each
+            with signals_held():
+                self._warm.submit(ready)
+
+    def close(self) -> None:
+        """Shut down workers started by :meth:`start` that no :meth:`map` took (nothing to run)."""
+        pool, self._warm = self._warm, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def take_pool(self) -> ProcessPoolExecutor:
+        """The pool started by :meth:`start`, else a new one."""
+        pool, self._warm = self._warm, None
+        return pool or new_pool(self.jobs)
 
     def describe(self) -> str:
         if self.in_process:
@@ -144,6 +167,13 @@ class LocalExecutor:
         yield from _PoolRun(self, fn, iter(calls)).completed()
 
 
+def new_pool(jobs: int) -> ProcessPoolExecutor:
+    """A pool of ``jobs`` spawned workers (:func:`~benchmarks.lifecycle.worker_init`)."""
+    with signals_held():  # its queues may start multiprocessing's resource tracker process
+        return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=worker_init, initargs=(os.getpid(),))
+
+
 class _PoolRun:
     """One ``LocalExecutor.map`` over a process pool, rebuilt when a worker dies."""
 
@@ -151,12 +181,7 @@ class _PoolRun:
         self.executor, self.fn, self.calls = executor, fn, calls
         self.deaths: dict[Hashable, int] = {}
         self.suspects: list[tuple[Hashable, tuple]] = []  # in flight when a worker died: retried alone
-        self.pool = self._new_pool()
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        with signals_held():  # its queues may start multiprocessing's resource tracker process
-            return ProcessPoolExecutor(max_workers=self.executor.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=worker_init, initargs=(os.getpid(),))
+        self.pool = executor.take_pool()
 
     def _next(self, in_flight: dict) -> tuple[Hashable, tuple] | None:
         """The next call to submit: a suspect only into an empty pool, and then nothing beside it."""
@@ -197,7 +222,7 @@ class _PoolRun:
     def _after_break(self, lost: list[tuple[Hashable, tuple]]) -> Completed:
         """A worker died: rebuild the pool; fail the calls that died too often, retry the others."""
         self._kill()
-        self.pool = self._new_pool()
+        self.pool = new_pool(self.executor.jobs)
         for key, args in lost:
             self.deaths[key] = self.deaths.get(key, 0) + 1
             if self.deaths[key] >= self.executor.max_deaths:
@@ -256,6 +281,12 @@ class RayExecutor:
             raise ExecutorError(f"--gpus-per-run must be a fraction in [0, 1] or a whole number, got {gpus}")
         if self.max_retries < 0:
             raise ExecutorError(f"--max-retries must be >= 0, got {self.max_retries}")
+
+    def start(self) -> None:
+        """Nothing: :meth:`map` starts or joins Ray."""
+
+    def close(self) -> None:
+        """Nothing: :meth:`map` shuts down what it started."""
 
     def describe(self) -> str:
         where = f"Ray cluster {self.address}" if self.address else f"a local Ray instance of {self.jobs * self.threads} CPUs"

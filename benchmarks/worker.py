@@ -107,6 +107,12 @@ def _outcome(started: float, result, spec: RunSpec) -> dict:
                      "deterministic": torch.are_deterministic_algorithms_enabled()}}
 
 
+def ready() -> int:
+    """A worker's first call from :meth:`benchmarks.runner.LocalExecutor.start`: unpickling it
+    imports this module and the core, so the first run starts at once. Returns the worker's pid."""
+    return os.getpid()
+
+
 def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
                   progress: bool = False, execution: str = "auto",
                   checkpoints: CheckpointPlan | None = None, deterministic: bool = False,

@@ -350,10 +350,13 @@ def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeyp
     assert summary.finished == len(specs) - summary.failed
 
 
-def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path):
+@pytest.mark.parametrize("started", ["by map", "by start", "by start, nothing to run"])
+def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
     """A finished ``--jobs 2`` map shuts its workers down instead of killing them: a killed worker
     leaves its tqdm lock (a POSIX semaphore) to Python's resource tracker, which then warned
-    "leaked semaphore objects" at the end of every ``make demo``."""
+    "leaked semaphore objects" at the end of every ``make demo``. Workers started ahead
+    (``pflbench run`` starts them while the store opens) end the same way, also when no run
+    needed them."""
     import subprocess
     import sys
 
@@ -362,14 +365,31 @@ def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path):
         "def work(k):\n    for _ in tqdm(range(3), file=sys.stderr):\n        pass\n    return k * k\n")
     script = ("import bars\nfrom benchmarks.runner import LocalExecutor\n"
               "if __name__ == '__main__':\n"
-              "    out = LocalExecutor(jobs=2, threads=1).map(bars.work, [(k, (k,)) for k in range(4)])\n"
-              "    print(sorted(r for _, r, _ in out))\n")
+              "    executor = LocalExecutor(jobs=2, threads=1)\n"
+              f"    if {started != 'by map'}:\n"
+              "        executor.start()\n"
+              f"    calls = [] if {started.endswith('nothing to run')} else [(k, (k,)) for k in range(4)]\n"
+              "    out = executor.map(bars.work, calls) if calls else []\n"
+              "    print(sorted(r for _, r, _ in out))\n"
+              "    executor.close()\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(runner.__file__).parents[1])])}
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "[0, 1, 4, 9]"
+    assert proc.stdout.strip() == ("[]" if started.endswith("nothing to run") else "[0, 1, 4, 9]")
     assert "leaked semaphore" not in proc.stderr
+
+
+def test_map_after_start_runs_on_the_workers_started_ahead():
+    executor = runner.LocalExecutor(jobs=2, threads=1)
+    executor.start()
+    started = set(executor._warm._processes)
+    try:
+        pids = {pid for _, pid, _ in executor.map(os.getpid, [(k, ()) for k in range(4)])}
+        assert executor._warm is None
+    finally:
+        executor.close()
+    assert len(started) == 2 and pids <= started
 
 
 def test_a_worker_process_imports_no_library_a_plain_run_does_not_use():
