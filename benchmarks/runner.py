@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,8 +140,7 @@ class LocalExecutor:
             return
         self._warm = new_pool(self.jobs)
         for _ in range(self.jobs):  # one submit per worker: the pool spawns a process for each
-            with signals_held():
-                self._warm.submit(ready)
+            submit(self._warm, ready)
 
     def close(self) -> None:
         """Shut down workers started by :meth:`start` that no :meth:`map` took (nothing to run)."""
@@ -174,6 +173,12 @@ def new_pool(jobs: int) -> ProcessPoolExecutor:
                                    initializer=worker_init, initargs=(os.getpid(),))
 
 
+def submit(pool: ProcessPoolExecutor, fn: Callable, *args) -> Future:
+    """``pool.submit``, which may start a worker process: signals wait until it has (never cut halfway)."""
+    with signals_held():
+        return pool.submit(fn, *args)
+
+
 class _PoolRun:
     """One ``LocalExecutor.map`` over a process pool, rebuilt when a worker dies."""
 
@@ -199,8 +204,7 @@ class _PoolRun:
                     call = self._next(in_flight)
                     if call is None:
                         break
-                    with signals_held():  # a submit may start a worker process: never cut halfway
-                        in_flight[self.pool.submit(self.fn, *call[1])] = call
+                    in_flight[submit(self.pool, self.fn, *call[1])] = call
                 if not in_flight:
                     self.pool.shutdown(wait=True)  # idle workers exit on their own, releasing their locks
                     return
