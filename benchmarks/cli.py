@@ -129,7 +129,7 @@ def cmd_report(args, rendered: list | None = None) -> int:
     """Tables and figures of each named suite (or of every suite of ``--paper``), then one PDF
     per paper covering every suite of that paper's folder (each paper's
     :class:`~benchmarks.reporting.build.RenderedPaper` appended to ``rendered`` if given)."""
-    from benchmarks.report import paper_suites, render_paper, sibling_suites
+    from benchmarks.reporting import paper_suites, render_paper, sibling_suites
 
     paths = list(args.suites or [])
     if getattr(args, "paper", None):
@@ -190,7 +190,7 @@ def cmd_tune(args) -> int:
 def cmd_list(args) -> int:
     from pfl_core.algorithms import METHODS
     from pfl_core.data import DATASETS, PARTITIONERS
-    from pfl_core.protocols import PROTOCOLS
+    from pfl_core.evaluation import PROTOCOLS
     from pfl_core.models import MODELS
 
     registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS,

@@ -32,7 +32,8 @@ from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
-from pfl_core.evaluation import EvalConfig, UnseenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import UnseenClients
 from pfl_core.federation import Federation, lockstep_round
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams

@@ -67,12 +67,13 @@ import yaml
 from benchmarks.code_reference import Checks, parse_code_reference
 from pfl_core.algorithms import METHODS
 from pfl_core.analysis import ANALYSIS_METRICS, parse_analyses
-from pfl_core.config import ConfigError, RunConfig, check_call_values, section_keys
+from pfl_core.config import RunConfig, section_keys
+from pfl_core.fields import ConfigError, check_call_values
 from pfl_core.data import DATASETS, PARTITIONERS
 from pfl_core.data.builder import check_sources
 from pfl_core.data.datasets import loader_params
 from pfl_core.evaluation import EvalConfig
-from pfl_core.protocols import EVAL_KEY_PREFIXES, EVAL_KEYS, PROTOCOLS
+from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS, PROTOCOLS
 from pfl_core.models import MODELS
 from pfl_core.registry import UnknownNameError
 

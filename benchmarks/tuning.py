@@ -62,13 +62,14 @@ from typing import Any, Callable
 import optuna
 import yaml
 
+from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
+
 from benchmarks.search_spaces import get_space
 from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
 
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
-SUMMARY_KEYS = ("acc", "acc_weighted", "acc_last3", "acc_last3_weighted", "acc_step0")
 TUNED_HEADER = ("# Written by `pflbench tune` (benchmarks/tuning.py): the best parameters per cell, method and\n"
                 "# tuning profile, with their provenance. A suite uses them for the methods its `tuned` key\n"
                 "# lists (benchmarks/suite.py). Edit by re-tuning, not by hand.\n")
@@ -137,10 +138,6 @@ def study_name(suite: Suite, cid: str, method: str, profile: str) -> str:
 
 
 # -- which cells ------------------------------------------------------------------------------------
-def suite_methods(suite: Suite, profile: str) -> list[str]:
-    return list(dict.fromkeys(s.method for s in suite.expand(profile, seeds=[0], use_tuned=False)))
-
-
 def select(suite: Suite, methods: list[str] | None, cells: dict[str, list[str]] | None,
            profile: str) -> list[tuple[dict[str, str], str]]:
     """(cell, method) pairs to tune. ``methods``: method names (``method.name``) or labels of a
@@ -219,8 +216,13 @@ def tuning_config(config: dict, opts: TuneOptions) -> tuple[dict, dict]:
 
 
 def objective_key(suite: Suite) -> str:
+    """The summary key a study maximises: the suite's own metric (``acc_pooled`` for FedL2P, ...),
+    which must be one an evaluation protocol logs; never a silent substitute."""
     key = suite.metric["key"]
-    return key if key in SUMMARY_KEYS else "acc"
+    if key in EVAL_KEYS or key.startswith(EVAL_KEY_PREFIXES):
+        return key
+    raise SuiteError(f"{suite.path}: metric.key {key!r} is not an evaluation summary key, so it cannot be "
+                     f"tuned on a validation split; tunable keys: {sorted(EVAL_KEYS)}")
 
 
 class Objective:

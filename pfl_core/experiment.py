@@ -24,8 +24,7 @@ from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, standardize
 from pfl_core.engine import EXECUTIONS, Executor
-from pfl_core.evaluation import EvalConfig
-from pfl_core.protocols import PROTOCOLS
+from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
 from pfl_core.pretrained import PretrainedState, Provider, final_state, resolve

@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.batching import BatchStream
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig

@@ -7,7 +7,8 @@ from benchmarks.suite import SuiteError, validate_config
 from fake_data import write_cifar10
 from pfl_core.analysis import parse_analyses
 from pfl_core.analysis.leakage import client_prototypes
-from pfl_core.config import ConfigError, RunConfig
+from pfl_core.config import RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.experiment import prepare_run, run_experiment
 from pfl_core.federation import FederationResult
 from pfl_core.prototypes import class_prototypes

@@ -1,4 +1,4 @@
-"""pfl_core.augment: host-side crop/flip draws and the pure apply, checked against
+"""pfl_core.data.augment.crop_flip: host-side crop/flip draws and the pure apply, checked against
 torchvision.transforms.v2 on the same offsets (FedL2P spec, "Transforms")."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from pfl_core.augment import (FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD, CropFlip, augment, crop_flip,
+from pfl_core.data.augment.crop_flip import (FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD, CropFlip, augment, crop_flip,
                               draw_crop_flip, normalize, stack_draws)
 from pfl_core.data.federated import ArrayDataset
 

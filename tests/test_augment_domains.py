@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from pfl_core.augment_domains import draw_flip_rotate, flip_rotate
+from pfl_core.data.augment.flip_rotate import draw_flip_rotate, flip_rotate
 
 
 def test_flip_rotate_equals_torchvision_per_image():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.reporting.stats import best_val_round
-from benchmarks.report import write_report
+from benchmarks.reporting import write_report
 from benchmarks.runner import run_sweep
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker

@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-from pfl_core.algorithms.round_lr import RoundLR
+from pfl_core.algorithms._lib.round_lr import RoundLR
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models import build_model
 from pfl_core.models.kld_bn import KLDBatchNorm2d, bn_names

@@ -8,10 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext
+from pfl_core.engine.contract import ClientContext
 from pfl_core.batching import BatchStream
 from pfl_core.data.partitions import dirichlet
-from pfl_core.evaluation import EvalConfig, evaluate_params, personalize_and_evaluate, personalize_and_evaluate_batched
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.sequential import evaluate_params, personalize_and_evaluate
+from pfl_core.evaluation.batched import personalize_and_evaluate_batched
 from pfl_core.models import build_model, count_parameters
 from pfl_core.training import model_params
 from tests.helpers import image_federation, tiny_federation, tiny_modulated

@@ -122,7 +122,7 @@ def _uploads(rows, size=10):
 def test_cgpfl_clients_start_from_their_own_context_model():
     """Algorithm 1 line 4: client i receives omega_{k(i)} (theta and w start there); a client not yet
     assigned gets context 0."""
-    from pfl_core.algorithms.base import ClientContext
+    from pfl_core.engine.contract import ClientContext
 
     fed = tiny_federation(sizes=(3, 3, 3))
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))

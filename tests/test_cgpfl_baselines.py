@@ -219,7 +219,7 @@ def test_apfl_state_over_several_rounds():
 def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
     """Ditto code (litian96/ditto): per iteration one batch, personal prox step then global SGD step
     on it; the CAFeMe code's default takes S personal batches, then S further global batches."""
-    from pfl_core.algorithms.base import ClientContext
+    from pfl_core.engine.contract import ClientContext
     from pfl_core.batching import BatchStream
 
     fed = tiny_federation(sizes=(12,))

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from benchmarks.suite import config_hash
-from pfl_core.config import ConfigError, RunConfig
+from pfl_core.config import RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, load_sources
 from pfl_core.data.cifar10c import FEDL2P_CORRUPTIONS
 from pfl_core.data.datasets import concat_sources
@@ -137,7 +138,7 @@ def test_cifar10c_missing_files_name_the_folder(tmp_path):
 
 
 def test_lda_seed_is_checked_at_config_time():
-    from pfl_core.config import check_call_values
+    from pfl_core.fields import check_call_values
     from pfl_core.data.partitions import PARTITIONERS
 
     lda = PARTITIONERS.get("lda")

@@ -10,7 +10,8 @@ import torch
 from torchvision import datasets as tv
 
 from benchmarks.suite import config_hash
-from pfl_core.config import ConfigError, RunConfig
+from pfl_core.config import RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, load_sources
 from pfl_core.data.builder import partition_rngs
 from pfl_core.data.datasets import METAVERS_MEAN_STD, train_val_split

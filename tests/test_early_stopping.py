@@ -101,7 +101,7 @@ def test_a_missing_key_names_the_switch():
 
 
 def test_run_federation_with_a_real_protocol_stops_by_its_val_history():
-    from pfl_core.protocols import PROTOCOLS
+    from pfl_core.evaluation import PROTOCOLS
 
     fed = tiny_federation(sizes=(8, 8, 8))
     for client in fed.clients:

@@ -22,7 +22,8 @@ from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
 from pfl_core.engine.plans import make_buckets
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import run_federation
 from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import BaseCNN, conv_block, dense_block

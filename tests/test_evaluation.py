@@ -2,17 +2,11 @@ import pytest
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext
+from pfl_core.engine.contract import ClientContext
 from pfl_core.batching import BatchStream
 from pfl_core.config import FederationConfig
-from pfl_core.evaluation import (
-    PROTOCOLS,
-    ClientResult,
-    EvalConfig,
-    evaluate_params,
-    personalize_and_evaluate,
-    summarise,
-)
+from pfl_core.evaluation import PROTOCOLS, ClientResult, EvalConfig, summarise
+from pfl_core.evaluation.sequential import evaluate_params, personalize_and_evaluate
 from pfl_core.federation import run_federation
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams

@@ -13,12 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-import pfl_core.evaluation as evaluation_module
+import pfl_core.evaluation.batched as evaluation_module
 from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine import Executor
-from pfl_core.evaluation import EvalConfig, SeenClients, UnseenClients, batched_evaluation_fallback
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients, UnseenClients
+from pfl_core.evaluation.batched import batched_evaluation_fallback
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import conv_block

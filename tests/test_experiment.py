@@ -2,7 +2,8 @@ import numpy as np
 import torch
 import pytest
 
-from pfl_core.config import ConfigError, RunConfig
+from pfl_core.config import RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.experiment import resolve_device, run_experiment
 from pfl_core.seeding import RunStreams
 

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientUpdate
+from pfl_core.engine.contract import ClientUpdate
 from pfl_core.algorithms.fedavg import FedAvg
 from pfl_core.algorithms.fedl2p import FedL2P, augment_batch
-from pfl_core.augment import CropFlip, crop_flip
+from pfl_core.data.augment.crop_flip import CropFlip, crop_flip
 from pfl_core.algorithms.l2p import l2p_outer_epochs
 from pfl_core.config import FederationConfig
 from pfl_core.engine import Executor
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models.kld_bn import bn_names, forward_bn, bn_mode, set_betas
 from pfl_core.seeding import RunStreams
@@ -151,8 +152,8 @@ def test_client_fit_augments_inner_and_l_t_batches_with_one_draw_per_batch():
 
 def test_flip_rotate_meta_augmentation_is_one_flip_and_angle_per_batch_on_the_raw_image():
     """Office/DomainNet: RandomHorizontalFlip + RandomRotation(+-30) shared by the batch, applied
-    before Normalize (the rotation's zero fill is black), as pfl_core.augment_domains does it."""
-    from pfl_core.augment_domains import FlipRotate, flip_rotate
+    before Normalize (the rotation's zero fill is black), as pfl_core.data.augment.flip_rotate does it."""
+    from pfl_core.data.augment.flip_rotate import FlipRotate, flip_rotate
 
     fed = l2p_federation(sizes=(8,))
     algorithm, model = make(meta_augment="flip_rotate")
@@ -414,7 +415,7 @@ def test_fedl2p_runs_end_to_end_and_personalizes_with_the_best_lambda():
 
 
 def test_finetune_recipe_returns_the_best_lambdas_betas_and_lrs():
-    from pfl_core.finetune import MetaInputs
+    from pfl_core.algorithms._lib.finetune import MetaInputs
 
     fed = l2p_federation(sizes=(8,))
     algorithm, model = make()

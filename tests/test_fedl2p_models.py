@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call, vmap
 
-from pfl_core.meta_inputs import meta_inputs, symmetric_kl
+from pfl_core.algorithms._lib.meta_inputs import meta_inputs, symmetric_kl
 from pfl_core.models import build_model, count_parameters
 from pfl_core.models.kld_bn import (KLDBatchNorm2d, bn_mode, bn_names, forward_bn, load_pretrained,
                                     model_buffers, set_betas)

@@ -1,4 +1,4 @@
-"""FedL2P's fine-tune-then-test (pfl_core/finetune.py): KLD-BN with beta 1 / beta 0 through the
+"""FedL2P's fine-tune-then-test (pfl_core/algorithms/_lib/finetune.py): KLD-BN with beta 1 / beta 0 through the
 fine-tune path equals plain BatchNorm with the client's / the pretrained statistics, BN I tests
 with batch statistics, the batched path equals the sequential one, the host-side plans."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pfl_core.data.federated import ArrayDataset
-from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, client_meta_inputs, client_start, finetune,
+from pfl_core.algorithms._lib.finetune import (ClientOutcome, FinetuneRecipe, client_meta_inputs, client_start, finetune,
                                finetune_clients, lr_tree, mean_accuracy, plan_client, pooled_accuracy, score_test)
 from pfl_core.models.kld_bn import KLDBatchNorm2d, bn_names
 from pfl_core.training import model_params

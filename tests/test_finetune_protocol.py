@@ -12,8 +12,8 @@ from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 from pfl_core.evaluation import EvalConfig
 from pfl_core.experiment import prepare_run, run_experiment
-from pfl_core.finetune import ClientOutcome, pretrained_state
-from pfl_core.finetune_protocol import FinetunePretrained, summarise_outcomes
+from pfl_core.algorithms._lib.finetune import ClientOutcome, pretrained_state
+from pfl_core.evaluation.finetune_pretrained import FinetunePretrained, summarise_outcomes
 from pfl_core.models.kld_bn import bn_mode, forward_bn, load_pretrained
 from pfl_core.training import model_params
 
@@ -189,7 +189,7 @@ def test_suites_may_tabulate_group_and_pooled_accuracy(tmp_path):
 
 def test_augmentation_is_chosen_per_dataset(cifar_dir):
     from pfl_core.data.federated import ArrayDataset
-    from pfl_core.finetune_protocol import PER_SAMPLE_AUGMENT, crop_flip_augment
+    from pfl_core.evaluation.finetune_pretrained import PER_SAMPLE_AUGMENT, crop_flip_augment
 
     protocol = FinetunePretrained(EvalConfig())
     assert protocol._augment(ArrayDataset("cifar10", torch.zeros(1, 3, 4, 4), torch.zeros(1), 10)) is crop_flip_augment
@@ -199,12 +199,12 @@ def test_augmentation_is_chosen_per_dataset(cifar_dir):
 
 
 def test_cifar_augmentation_crops_and_flips_raw_images_then_normalises(cifar_dir):
-    """Per-sample RandomCrop(32, 4) + flip of the [0, 1] images, then Normalize (pfl_core.augment,
+    """Per-sample RandomCrop(32, 4) + flip of the [0, 1] images, then Normalize (pfl_core.data.augment.crop_flip,
     the FedL2P data module: this test runs once it is merged)."""
-    augment = pytest.importorskip("pfl_core.augment")
+    augment = pytest.importorskip("pfl_core.data.augment.crop_flip")
     if not hasattr(augment, "draw_crop_flip"):
-        pytest.skip("pfl_core.augment without the FedL2P crop/flip")
-    from pfl_core.finetune_protocol import crop_flip_augment
+        pytest.skip("pfl_core.data.augment.crop_flip without the FedL2P crop/flip")
+    from pfl_core.evaluation.finetune_pretrained import crop_flip_augment
 
     dataset = prepare_run(config(), torch.device("cpu"), cifar_dir).fed.dataset
     index = torch.arange(8)
@@ -217,10 +217,10 @@ def test_cifar_augmentation_crops_and_flips_raw_images_then_normalises(cifar_dir
 
 def test_office_augmentation_flips_and_rotates_raw_images_then_normalises():
     """Per-sample flip + rotation of the [0, 1] images, then the dataset's normalisation
-    (pfl_core.augment_domains, the FedL2P domains module: this test runs once it is merged)."""
-    domains = pytest.importorskip("pfl_core.augment_domains")
+    (pfl_core.data.augment.flip_rotate, the FedL2P domains module: this test runs once it is merged)."""
+    domains = pytest.importorskip("pfl_core.data.augment.flip_rotate")
     from pfl_core.data.federated import ArrayDataset
-    from pfl_core.finetune_protocol import flip_rotate_augment
+    from pfl_core.evaluation.finetune_pretrained import flip_rotate_augment
 
     g = torch.Generator().manual_seed(0)
     dataset = ArrayDataset("office_caltech10", torch.randint(0, 256, (6, 3, 16, 16), generator=g).to(torch.uint8),
@@ -235,9 +235,9 @@ def test_office_augmentation_flips_and_rotates_raw_images_then_normalises():
 
 def test_speech_commands_augmentation_shifts_and_mixes_the_clips_before_their_features(tmp_path):
     from fake_data import write_speech_commands
-    from pfl_core.audio import SpeechAugment
+    from pfl_core.data.audio import SpeechAugment
     from pfl_core.data import load_dataset
-    from pfl_core.finetune_protocol import speech_augment
+    from pfl_core.evaluation.finetune_pretrained import speech_augment
 
     write_speech_commands(tmp_path)
     dataset = load_dataset("speech_commands", tmp_path, "train", download=False, num_seen=2, num_unseen=2)

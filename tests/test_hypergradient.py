@@ -1,4 +1,4 @@
-"""The Neumann implicit hypergradient (pfl_core/hypergradient.py) against closed forms on a
+"""The Neumann implicit hypergradient (pfl_core/algorithms/_lib/hypergradient.py) against closed forms on a
 quadratic problem: L_T(w, lam) = 1/2 w^T A w - w^T B lam, L_V(w) = 1/2 |w - c|^2, whose best
 response w*(lam) = A^-1 B lam gives the exact hypergradient dL_V/dlam = B^T A^-1 v."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfl_core.hypergradient import implicit_hypergradient, neumann_series, tree_dot
+from pfl_core.algorithms._lib.hypergradient import implicit_hypergradient, neumann_series, tree_dot
 
 
 def problem(seed=0, n=5, m=3):

@@ -12,10 +12,11 @@ from torch import nn
 from pfl_core.algorithms.metavers import MetaVersUpdate
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
-from pfl_core.episodes import class_pools, draw_episode
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.algorithms._lib.episodes import class_pools, draw_episode
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import run_federation
-from pfl_core.margin_losses import centroid_triplet, local_margin, prototypical_ce
+from pfl_core.algorithms._lib.margin_losses import centroid_triplet, local_margin, prototypical_ce
 from pfl_core.models import build_model
 from pfl_core.prototypes import class_prototypes, nearest_prototype
 from pfl_core.seeding import RunStreams

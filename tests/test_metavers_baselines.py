@@ -18,7 +18,8 @@ from pfl_core.algorithms.knn_per import knn_probabilities
 from pfl_core.algorithms.local_sgd import MomentumSGDHyper, momentum_sgd
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, FederatedData
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.seeding import RunStreams
 from pfl_core.training import embed, forward, gradients, model_params
@@ -278,7 +279,7 @@ def test_fedproto_server_averages_prototypes_per_class_over_the_clients_that_hav
     server = algorithm.init_server(model_params(net))
     a, b, old = (torch.randn(3, 4, dtype=torch.float64) for _ in range(3))
     server = {**server, "protos": old, "has_proto": torch.tensor([True, True, True])}
-    from pfl_core.algorithms.base import ClientUpdate
+    from pfl_core.engine.contract import ClientUpdate
 
     ups = [ClientUpdate({"protos": a, "has_proto": torch.tensor([True, True, False])}, 10, torch.tensor(0.0)),
            ClientUpdate({"protos": b, "has_proto": torch.tensor([True, False, False])}, 50, torch.tensor(0.0))]

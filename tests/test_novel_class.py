@@ -12,8 +12,8 @@ from torch import nn
 
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.evaluation import EvalConfig
-from pfl_core.protocols import PROTOCOLS
-from pfl_core.novel_class import draw_group, group_accuracy, novel_class_accuracy
+from pfl_core.evaluation import PROTOCOLS
+from pfl_core.evaluation.novel_class import draw_group, group_accuracy, novel_class_accuracy
 from tests.helpers import make_method
 
 SIZES = [60 + c for c in range(8)]  # 60..67 images per class, contiguous rows

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from pfl_core.optim import client_optimizer_state, init_optimizer_state, optimizer_step
+from pfl_core.algorithms._lib.optim import client_optimizer_state, init_optimizer_state, optimizer_step
 
 
 def test_adam_state_persists_across_rounds_while_values_are_reloaded():
@@ -72,7 +72,7 @@ def test_adam_weight_decay_is_torchs_coupled_l2():
 
 def test_clipped_sgd_with_momentum_and_weight_decay_equals_torch():
     """pFedHN / pFedGP's optimiser: clip_grad_norm_(50 here 1.0) then SGD(momentum, weight_decay)."""
-    from pfl_core.optim import clip_grad_norm, sgd_momentum_step
+    from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
 
     gen = torch.Generator().manual_seed(0)
     p0 = {"w": torch.randn(3, 2, generator=gen, dtype=torch.float64), "b": torch.randn(2, generator=gen, dtype=torch.float64)}

@@ -9,12 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from pfl_core import gp
+from pfl_core.algorithms._lib import gp
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
 from pfl_core.engine.plans import make_buckets
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models import build_model, count_parameters
 from pfl_core.seeding import RunStreams
@@ -218,7 +219,7 @@ def test_pg_predictive_gradient_matches_finite_differences():
 
 
 def test_two_means_finds_the_best_partition_and_the_tree_follows_it():
-    from pfl_core.gp_tree import TreeNode, build_tree, two_means
+    from pfl_core.algorithms._lib.gp_tree import TreeNode, build_tree, two_means
 
     points = torch.tensor([[0.0, 0.0], [10.0, 0.0], [10.5, 0.0], [0.4, 0.0], [11.0, 0.0]], dtype=torch.float64)
     assert two_means(points) == [0, 1, 1, 0, 1]
@@ -234,7 +235,7 @@ def test_two_means_finds_the_best_partition_and_the_tree_follows_it():
 
 
 def test_tree_class_probabilities_sum_to_one_over_the_clients_classes():
-    from pfl_core.gp_tree import GibbsSettings, TreeGP, build_tree
+    from pfl_core.algorithms._lib.gp_tree import GibbsSettings, TreeGP, build_tree
 
     gen = torch.Generator().manual_seed(0)
     labels = torch.tensor([0, 0, 0, 2, 2, 2, 3, 3, 3])

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from pfl_core.config import FederationConfig
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import run_federation
 from pfl_core.models import build_model
 from pfl_core.seeding import RunStreams

@@ -5,7 +5,8 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.config import ConfigError, RunConfig
+from pfl_core.config import RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.experiment import InProcessPretraining, run_experiment, run_experiments
 from pfl_core.pretrained import final_state, load_into, state_of, untrained
 from tests.helpers import one_thread  # noqa: F401

@@ -12,10 +12,10 @@ from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalConfig
-from pfl_core.protocols import PROTOCOLS
+from pfl_core.evaluation import PROTOCOLS
 from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models import build_model
-from pfl_core.proto_eval import nvar
+from pfl_core.evaluation.proto import nvar
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
 from tests.helpers import make_method, one_thread  # noqa: F401

@@ -18,7 +18,7 @@ from pypdf import PdfReader
 import benchmarks.runner as runner
 import benchmarks.worker as worker
 from benchmarks.cli import main
-from benchmarks.report import render_paper, write_report
+from benchmarks.reporting import render_paper, write_report
 from benchmarks.runner import run_sweep
 from benchmarks.suite import cell_id, load_suite
 from benchmarks.tracking import Tracker

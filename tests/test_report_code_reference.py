@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from pypdf import PdfReader
 
-from benchmarks.report import render_paper
+from benchmarks.reporting import render_paper
 from benchmarks.reporting import verdict as V
 from benchmarks.reporting.figures import grouped_bars
 from benchmarks.reporting.table import build_suite_report

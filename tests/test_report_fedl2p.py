@@ -14,7 +14,7 @@ import pytest
 from pypdf import PdfReader
 from sklearn.metrics import adjusted_rand_score
 
-from benchmarks.report import render_paper
+from benchmarks.reporting import render_paper
 from benchmarks.reporting.personalization import ARTIFACT, cluster_distance_map
 from benchmarks.runner import run_sweep
 from benchmarks.suite import load_suite

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from pypdf import PdfReader
 
-from benchmarks.report import render_paper
+from benchmarks.reporting import render_paper
 from benchmarks.suite import SuiteError, load_suite
 from benchmarks.tracking import Tracker
 from conftest import store, write_suite

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pypdf import PdfReader
 
-from benchmarks.report import render_paper
+from benchmarks.reporting import render_paper
 from benchmarks.reporting.qualitative import dlg_panels, stored_metric, tsne_map, tsne_panels
 from benchmarks.runner import run_sweep
 from benchmarks.suite import load_suite

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fake_data import write_speech_commands
-from pfl_core.audio import FBANK_MEAN, FBANK_STD, SpeechAugment, SpeechDraws, join_rows, kaldi_fbank, split_rows
+from pfl_core.data.audio import FBANK_MEAN, FBANK_STD, SpeechAugment, SpeechDraws, join_rows, kaldi_fbank, split_rows
 from pfl_core.data import build_federated, load_dataset, load_sources
 from pfl_core.data.speech_commands import CLASSES
 from pfl_core.seeding import RunStreams

@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pfl_core.augment import draw_crop_flip
+from pfl_core.data.augment.crop_flip import draw_crop_flip
 from pfl_core.checkpoint import Checkpointing
-from pfl_core.config import ConfigError, FederationConfig, RunConfig
+from pfl_core.config import FederationConfig, RunConfig
+from pfl_core.fields import ConfigError
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine.augmentation import augment_draws
 from pfl_core.engine.plans import gather, make_buckets
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.experiment import run_experiments
 from pfl_core.federation import Federation, make_contexts
 from pfl_core.seeding import RunStreams

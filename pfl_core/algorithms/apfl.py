@@ -35,8 +35,10 @@ from dataclasses import dataclass
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt, Probability
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 

@@ -15,94 +15,19 @@ why in ``batched_fallback``.
 from __future__ import annotations
 
 from abc import ABC
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Iterator, Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from pfl_core.batching import BatchStream
-from pfl_core.config import ConfigError, check_value_types
-from pfl_core.data.federated import ArrayDataset, Client
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.engine.plans import Plan
-from pfl_core.algorithms.round_lr import round_lr_carry
-from pfl_core.models.kld_bn import Buffers
+from pfl_core.algorithms._lib.round_lr import round_lr_carry
+from pfl_core.fields import HyperParams, check_value_types
 from pfl_core.training import Params, average_buffers, average_params, forward, initial_bn_state, sgd_step
 
-ServerState = dict[str, Any]
 #: server aggregation weights: ``samples`` (n_k / n, the FedAvg paper) or ``uniform`` (plain mean)
 Weighting = Literal["samples", "uniform"]
-
-
-@dataclass
-class HyperParams:
-    """Base class of every method's hyperparameters."""
-
-    @classmethod
-    def from_dict(cls, values: dict, where: str = "", path: str | None = None) -> "HyperParams":
-        """Build from a mapping, checking names, types and declared ranges; errors start with
-        ``where`` and carry the dotted key ``path + name`` (:class:`pfl_core.config.ConfigError`)."""
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - allowed)
-        if unknown:
-            raise ConfigError(
-                f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
-                f"allowed: {sorted(allowed)}", None if path is None else path + unknown[0]
-            )
-        return cls(**check_value_types(cls, values, where, path))
-
-
-@dataclass
-class ClientContext:
-    """What one client brings to a round: its data, its batch streams and its persistent state.
-
-    ``state`` belongs to the algorithm (personal models, heads, optimiser moments, cluster id) and
-    survives across rounds; the federation loop keeps one context per client for the whole run.
-    """
-
-    client: Client
-    dataset: ArrayDataset
-    streams: dict[str, BatchStream]
-    state: dict = field(default_factory=dict)
-    augment: Any = None
-    """The per-sample augmentation of the client's training batches (``data.augment``:
-    :class:`pfl_core.engine.augmentation.TrainAugment`, its own generator), None: none."""
-
-    @property
-    def cid(self) -> int:
-        return self.client.cid
-
-    def num_samples(self, split: str = "train") -> int:
-        return self.client.size(split)
-
-    def next_batch(self, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-        return self.dataset.batch(self.streams[split].next())
-
-    def next_index(self, split: str = "train") -> torch.Tensor:
-        """The index batch :meth:`next_batch` would return (for batch plans)."""
-        return self.streams[split].next()
-
-    def epoch_index(self, split: str = "train") -> list[torch.Tensor]:
-        """The index batches :meth:`epoch` would yield (for batch plans)."""
-        return self.streams[split].epoch()
-
-    def epoch(self, split: str = "train") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for index in self.streams[split].epoch():
-            yield self.dataset.batch(index)
-
-
-@dataclass
-class ClientUpdate:
-    """What a client returns: uploaded parameters (None: nothing uploaded), the aggregation
-    weight (its number of training samples), and its mean training loss (a 0-d tensor)."""
-
-    params: Params | None
-    num_samples: int
-    loss: torch.Tensor
-    buffers: Buffers | None = field(default=None, kw_only=True)
-    """BN running statistics after local training (models with BN state, BN-aware methods), averaged
-    by the server like the parameters (:meth:`Algorithm.aggregate_buffers`); None: none. Keyword-only,
-    so that subclasses' positional fields keep their places."""
 
 
 class Algorithm(ABC):
@@ -122,6 +47,8 @@ class Algorithm(ABC):
     pretrained: dict | None = None
     #: None when the client update is a program (batched path available), else why it is not
     batched_fallback: ClassVar[str | None] = None
+    #: None when the batched evaluation path can evaluate this method, else why it cannot
+    eval_batched_fallback: ClassVar[str | None] = None
     #: plan streams whose number of batches may differ between clients: the batched path may pad
     #: them, and :meth:`local_update` then receives a mask for them
     maskable_streams: ClassVar[tuple[str, ...]] = ()
@@ -163,7 +90,7 @@ class Algorithm(ABC):
         """What the BN-aware, lr-scheduled programs (fedavg, fedbabu, perfedavg) add to a carry:
         ``buffers``, the server's BN running statistics (models with BN state), and ``lr``, the
         round's scheduled lr as a 0-d tensor (hyperparameters with a
-        :class:`~pfl_core.algorithms.round_lr.RoundLR` schedule).
+        :class:`~pfl_core.algorithms._lib.round_lr.RoundLR` schedule).
         Neither key for a model without BN state and an unscheduled lr (the old carry)."""
         carry = {"buffers": server["buffers"]} if server.get("buffers") is not None else {}
         return {**carry, **round_lr_carry(self.hp, round_idx, next(iter(server["params"].values())))}

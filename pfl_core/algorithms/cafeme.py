@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt
-from pfl_core.optim import client_optimizer_state, optimizer_step
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeInt, PositiveFloat, PositiveInt
+from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, value_and_grad
 
 

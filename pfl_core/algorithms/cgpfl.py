@@ -52,9 +52,9 @@ import numpy as np
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.pfedme import ProxHyper, ProxProgram, mix, personal_predictor
-from pfl_core.config import PositiveInt
+from pfl_core.fields import PositiveInt
 from pfl_core.training import Params, average_params, clone_params
 
 OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ServerState
+from pfl_core.engine.contract import ServerState
 from pfl_core.algorithms.cgpfl import CGPFL, CGPFLHyper, KMeansFit, kmeans_labels, weighted_cost
 
 PENALTIES = ("kd", "sqrt_kd")

@@ -28,9 +28,11 @@ from typing import Literal
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
-from pfl_core.optim import client_optimizer_state, optimizer_step
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
+from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, gradients, sgd_step
 
 

@@ -7,16 +7,18 @@ FedL2P's stage 1 (FedL2P spec, "Pretraining the global model") pretrains a ResNe
 BatchNorm: with a model that keeps BN state, every local step updates the running statistics
 (train mode, momentum 0.1) and the server averages them with the parameters, as the FedL2P code
 averages the whole state_dict; its lr schedules are ``lr_milestones``/``lr_decay``
-(:mod:`~pfl_core.algorithms.round_lr`).
+(:mod:`~pfl_core.algorithms._lib.round_lr`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
 from pfl_core.algorithms.local_sgd import LocalSGDHyper, local_sgd, local_sgd_plan
-from pfl_core.algorithms.round_lr import RoundLR
+from pfl_core.algorithms._lib.round_lr import RoundLR
 
 
 @dataclass

@@ -6,7 +6,7 @@ federates; the pretrained backbone (contract "Pretrained state") is fixed and ne
 
 **ClientFit** (one sampled client, :meth:`FedL2P.local_update`), exactly as the code:
 
-1. xi and x (:func:`pfl_core.meta_inputs.meta_inputs`) once, on the client's train data.
+1. xi and x (:func:`pfl_core.algorithms._lib.meta_inputs.meta_inputs`) once, on the client's train data.
 2. K = ``outer_epochs`` x ceil(|val| / B) outer steps. Each restarts from the pretrained weights
    with the client's BN running statistics at (0, 1) (spec "KLD-BatchNorm"), sets beta = BNNet(xi)
    on the KLD-BN layers and eta = LRNet(x) * eta-tilde.
@@ -18,7 +18,7 @@ federates; the pretrained backbone (contract "Pretrained state") is fixed and ne
    the graph, through eta (its gradient is detached); a step whose loss exceeds 100 has its
    gradient clamped to +-0.5.
 4. Eval mode: L_V on the next val batch, L_T on the next (fresh) train batch.
-5. Meta-gradient: ``ift`` - the Neumann implicit term (:mod:`pfl_core.hypergradient`) for every
+5. Meta-gradient: ``ift`` - the Neumann implicit term (:mod:`pfl_core.algorithms._lib.hypergradient`) for every
    part of lambda, plus the direct dL_V/dlambda for BNNet only (through beta); ``fomaml`` (FOMAML+,
    paper Table 8 / Appendix: FOMAML extended with the Eq. 9-10 trick so that learning rates get a
    gradient) - dL_V/dlambda through beta and the last inner step alone, no L_T batch drawn (the
@@ -50,13 +50,15 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
-from pfl_core.augment import CropFlip, crop_flip, draw_crop_flip
-from pfl_core.augment_domains import FlipRotate, draw_flip_rotate, flip_rotate
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
-from pfl_core.finetune import FinetuneRecipe
-from pfl_core.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
-from pfl_core.meta_inputs import meta_inputs
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
+from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.algorithms._lib.finetune import FinetuneRecipe
+from pfl_core.algorithms._lib.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
+from pfl_core.algorithms._lib.meta_inputs import meta_inputs
 from pfl_core.models.kld_bn import (bn_mode, bn_names, forward_bn, load_pretrained, model_buffers,
                                     running_stats, set_betas)
 from pfl_core.models.metanets import MetaNets
@@ -107,7 +109,7 @@ class FedL2PHyper(HyperParams):
     """Meta-training augmentation of train batches, one draw shared by the whole batch (the code's
     ``jit_augment``): ``crop_flip`` = RandomCrop(padding ``augment_padding``) + RandomHorizontalFlip
     (CIFAR-10/10-C, spec "Transforms"); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
-    (Office-Caltech-10, DomainNet: spec "Office-Caltech-10", :mod:`pfl_core.augment_domains`);
+    (Office-Caltech-10, DomainNet: spec "Office-Caltech-10", :mod:`pfl_core.data.augment.flip_rotate`);
     ``none`` (Speech Commands, whose ``jit_augment`` is the identity)."""
     augment_padding: PositiveInt = 4
     """Zero padding (in [0, 1] pixel space) of the random crop."""

@@ -34,9 +34,11 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
 from pfl_core.algorithms.local_sgd import MomentumSGDHyper, local_sgd_plan, momentum_sgd
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.prototypes import prototype_logits
 from pfl_core.training import Params, embed, value_and_grad
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeInt, PositiveFloat
-from pfl_core.optim import client_optimizer_state, optimizer_step
-from pfl_core.algorithms.parts import partial_gradients, split_names
-from pfl_core.training import Params
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeInt, PositiveFloat
+from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
+from pfl_core.algorithms._lib.parts import split_names
+from pfl_core.training import Params, partial_gradients
 
 
 @dataclass

@@ -20,8 +20,10 @@ from typing import Literal
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
-from pfl_core.finetune import FinetuneRecipe, MetaInputs, PretrainedState
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.algorithms._lib.finetune import FinetuneRecipe, MetaInputs, PretrainedState
 from pfl_core.models.kld_bn import bn_names
 
 

@@ -5,9 +5,9 @@ test set)."""
 from __future__ import annotations
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import HyperParams
+from pfl_core.fields import HyperParams
 from pfl_core.algorithms.ft_bn import PretrainedOnly
-from pfl_core.finetune import FinetuneRecipe
+from pfl_core.algorithms._lib.finetune import FinetuneRecipe
 
 
 @METHODS.register("global_model")

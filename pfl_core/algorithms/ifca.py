@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext, ClientUpdate, ServerState, Weighting
+from pfl_core.algorithms.base import Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
-from pfl_core.algorithms.round_lr import round_lr_carry
-from pfl_core.config import PositiveInt
+from pfl_core.algorithms._lib.round_lr import round_lr_carry
+from pfl_core.fields import PositiveInt
 from pfl_core.training import Params, average_params, batch_loss, model_params
 
 
@@ -169,7 +170,7 @@ class IFCA(FedAvg):
 
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         """FedAvg's local SGD (its plan and update) from the chosen cluster's model, at the round's
-        lr (a scheduled lr, :mod:`~pfl_core.algorithms.round_lr`)."""
+        lr (a scheduled lr, :mod:`~pfl_core.algorithms._lib.round_lr`)."""
         params = server["clusters"][self.choose_cluster(server, client)]
         return {"params": params, **round_lr_carry(self.hp, round_idx, next(iter(params.values())))}
 

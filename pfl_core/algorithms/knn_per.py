@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext, ServerState
+from pfl_core.engine.contract import ClientContext, ServerState
 from pfl_core.algorithms.split_fedavg import SplitFedAvg, SplitFedAvgHyper
-from pfl_core.config import PositiveFloat, PositiveInt, Probability
+from pfl_core.fields import PositiveFloat, PositiveInt, Probability
 from pfl_core.prototypes import squared_distances
 from pfl_core.training import Params, embed, forward
 

@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext, ServerState
+from pfl_core.engine.contract import ClientContext, ServerState
 from pfl_core.algorithms.fedl2p import FedL2P, FedL2PHyper
-from pfl_core.config import NonNegativeInt, PositiveInt
+from pfl_core.fields import NonNegativeInt, PositiveInt
 from pfl_core.training import Params
 
 

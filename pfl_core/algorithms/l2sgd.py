@@ -49,8 +49,10 @@ import numpy as np
 import torch
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, batch_loss, sgd_step
 

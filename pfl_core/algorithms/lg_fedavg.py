@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientUpdate, ServerState, Weighting
+from pfl_core.algorithms.base import Weighting
+from pfl_core.engine.contract import ClientUpdate, ServerState
 from pfl_core.algorithms.split_fedavg import SplitFedAvg, SplitFedAvgHyper
-from pfl_core.config import NonNegativeInt
+from pfl_core.fields import NonNegativeInt
 from pfl_core.training import Params
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import ClientContext, ClientUpdate, HyperParams, ServerState
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
 from pfl_core.algorithms.fedavg import FedAvg
 from pfl_core.algorithms.local_sgd import LocalSGDHyper
 from pfl_core.training import Params

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from pfl_core.algorithms.base import ClientContext
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat
+from pfl_core.engine.contract import ClientContext
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
-from pfl_core.optim import sgd_momentum_step
+from pfl_core.algorithms._lib.optim import sgd_momentum_step
 from pfl_core.models.kld_bn import Buffers
 from pfl_core.training import Params, bn_gradients, sgd_step
 

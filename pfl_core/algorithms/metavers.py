@@ -1,8 +1,8 @@
 """MetaVers (Lim, Ha, Yoon; WACV 2024) as the authors' code trains it (MetaVers spec, "Algorithms").
 
 Each round, every sampled client draws a fresh episode from its train split
-(:mod:`pfl_core.episodes`: N = its classes, K shots, Q queries, the "R*" fallback) and computes
-on the global embedding network f (:mod:`pfl_core.margin_losses`):
+(:mod:`pfl_core.algorithms._lib.episodes`: N = its classes, K shots, Q queries, the "R*" fallback) and computes
+on the global embedding network f (:mod:`pfl_core.algorithms._lib.margin_losses`):
 
 * L_S, the prototypical cross-entropy with squared distances (Eq. 2);
 * d, its local margin: the mean over class pairs of the distance between class means over the
@@ -38,11 +38,13 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
-from pfl_core.episodes import Episode, class_pools, draw_episode
-from pfl_core.margin_losses import centroid_triplet, distances, local_margin, prototypical_ce
-from pfl_core.optim import init_optimizer_state, optimizer_step
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.algorithms._lib.episodes import Episode, class_pools, draw_episode
+from pfl_core.algorithms._lib.margin_losses import centroid_triplet, distances, local_margin, prototypical_ce
+from pfl_core.algorithms._lib.optim import init_optimizer_state, optimizer_step
 from pfl_core.prototypes import class_prototypes
 from pfl_core.training import Params, embed, value_and_grad
 

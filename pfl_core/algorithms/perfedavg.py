@@ -42,8 +42,10 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import PositiveFloat, PositiveInt
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import PositiveFloat, PositiveInt
 from pfl_core.models.kld_bn import Buffers
 from pfl_core.training import Params, batch_loss, in_transform, state_gradients, state_loss
 

@@ -12,7 +12,7 @@ At evaluation a client's GP is conditioned on its whole train split (features fr
 backbone) and classifies among the client's own classes.
 
 **The GP head (switch ``gp_head``).** ``tree_pg`` (default) is the paper's: a binary tree of GP
-classifiers over the client's classes (:mod:`pfl_core.gp_tree`; classes split by k-means on their
+classifiers over the client's classes (:mod:`pfl_core.algorithms._lib.gp_tree`; classes split by k-means on their
 mean features), each node a logistic GP with Polya-Gamma augmentation whose posterior comes from
 parallel Gibbs chains (20 x 5 sweeps in training, 30 x 5 at test), trained by the
 ``predictive_likelihood`` objective. One deviation, named: Polya-Gamma variables are drawn by the
@@ -32,12 +32,14 @@ from typing import Literal
 
 import torch
 
-from pfl_core import gp
-from pfl_core.gp_tree import GibbsSettings, TreeGP, build_tree
+from pfl_core.algorithms._lib import gp
+from pfl_core.algorithms._lib.gp_tree import GibbsSettings, TreeGP, build_tree
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
-from pfl_core.optim import clip_grad_norm, sgd_momentum_step
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
+from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
 from pfl_core.training import Params, forward, value_and_grad
 
 #: logit of a class the client never saw in training (finite, so the evaluation loss stays finite)

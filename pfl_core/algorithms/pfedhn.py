@@ -29,9 +29,11 @@ from torch import nn
 from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from pfl_core.optim import clip_grad_norm, sgd_momentum_step
+from pfl_core.algorithms.base import Algorithm
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
 from pfl_core.training import Params, batch_loss, value_and_grad
 
 

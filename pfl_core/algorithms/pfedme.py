@@ -46,8 +46,10 @@ import torch
 from torch import nn
 
 from pfl_core.algorithms import METHODS
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
-from pfl_core.config import NonNegativeFloat, PositiveFloat, PositiveInt
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
+from pfl_core.fields import NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 

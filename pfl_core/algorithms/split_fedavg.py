@@ -1,4 +1,4 @@
-"""FedAvg whose model is split into a head and a body (:mod:`pfl_core.algorithms.parts`), the
+"""FedAvg whose model is split into a head and a body (:mod:`pfl_core.algorithms._lib.parts`), the
 common mechanism of the MetaVers baselines FedPer, LG-FedAvg, FedBABU and kNN-Per (issue 13).
 
 A subclass says which part stays with the client (``personal_part``: none, the head, the body)
@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, HyperParams, ServerState, Weighting
+from pfl_core.algorithms.base import Algorithm, Weighting
+from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.fields import HyperParams
 from pfl_core.algorithms.local_sgd import MomentumSGDHyper, local_sgd_plan, momentum_sgd
-from pfl_core.algorithms.parts import split_names
-from pfl_core.algorithms.round_lr import RoundLR
+from pfl_core.algorithms._lib.parts import split_names
+from pfl_core.algorithms._lib.round_lr import RoundLR
 from pfl_core.training import Params, state_gradients
 
 

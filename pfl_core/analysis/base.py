@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from pfl_core.config import ConfigError
+from pfl_core.fields import ConfigError
 from pfl_core.federation import make_contexts
 from pfl_core.registry import Registry, UnknownNameError
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pfl_core.algorithms.base import HyperParams
+from pfl_core.fields import HyperParams
 from pfl_core.analysis.base import ANALYSES, Analysis, AnalysisOutput, evaluated_contexts
-from pfl_core.config import PositiveInt
+from pfl_core.fields import PositiveInt
 from pfl_core.training import embed
 
 

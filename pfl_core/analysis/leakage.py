@@ -27,12 +27,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from pfl_core.algorithms.base import HyperParams
+from pfl_core.fields import HyperParams
 from pfl_core.analysis.base import ANALYSES, Analysis, AnalysisOutput, evaluated_contexts, to_pixels
 from pfl_core.attacks.dlg import (DLGConfig, classifier_gradient_target, dlg_attack,
                                   prototype_gradient_target)
 from pfl_core.attacks.quality import reconstruction_quality
-from pfl_core.config import ConfigError, NonNegativeInt, PositiveFloat, PositiveInt
+from pfl_core.fields import ConfigError, NonNegativeInt, PositiveFloat, PositiveInt
 from pfl_core.prototypes import class_prototypes
 from pfl_core.training import embed
 

@@ -22,9 +22,9 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from pfl_core.algorithms.base import HyperParams
+from pfl_core.fields import HyperParams
 from pfl_core.analysis.base import ANALYSES, Analysis, AnalysisOutput
-from pfl_core.config import NonNegativeInt
+from pfl_core.fields import NonNegativeInt
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from pfl_core.config import ConfigError, DataConfig
+from pfl_core.config import DataConfig
+from pfl_core.fields import ConfigError
 from pfl_core.data.datasets import loader_splits
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.data.partitions import PARTITIONERS, two_phase

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.config import Fraction, PositiveInt
+from pfl_core.fields import Fraction, PositiveInt
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, MeanStd, mean_std_of
 from pfl_core.data.federated import ArrayDataset
 

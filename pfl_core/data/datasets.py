@@ -18,8 +18,8 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from pfl_core.augment import FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD
-from pfl_core.config import NonNegativeInt
+from pfl_core.data.augment.crop_flip import FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD
+from pfl_core.fields import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.config import Fraction, NonNegativeInt, PositiveInt
+from pfl_core.fields import Fraction, NonNegativeInt, PositiveInt
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError
 from pfl_core.data.federated import ArrayDataset
 

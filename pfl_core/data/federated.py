@@ -40,7 +40,7 @@ class ArrayDataset:
             batches from :meth:`for_evaluation`.
         inputs: optional map from stored rows (after scaling and ``mean``/``std``) to model inputs,
             applied by :meth:`batch` (Speech Commands: the fbank image of each stored clip,
-            :func:`pfl_core.audio.speech_features`). Augmentation of such rows goes between
+            :func:`pfl_core.data.audio.speech_features`). Augmentation of such rows goes between
             :meth:`raw_batch` and :meth:`to_inputs`.
         extras: loader tensors beside the rows (Speech Commands: ``noise``, ``noise_lengths``, the
             background-noise waveforms its augmentation cuts from).
@@ -113,7 +113,7 @@ class ArrayDataset:
 
     def raw_batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` scaled to [0, 1] but not normalised: the input of an augmentation that
-        normalises after cropping (``pfl_core.augment``; the FedL2P code's ToTensor batches)."""
+        normalises after cropping (``pfl_core.data.augment.crop_flip``; the FedL2P code's ToTensor batches)."""
         x = self.x[index]
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)

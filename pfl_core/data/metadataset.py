@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pfl_core.config import PositiveInt
+from pfl_core.fields import PositiveInt
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError
 from pfl_core.data.federated import ArrayDataset
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pfl_core.config import NonNegativeFloat, NonNegativeInt, PositiveInt
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveInt
 from pfl_core.data.federated import ArrayDataset
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from pfl_core.config import NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.fields import NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.data.lda import lda_apply, lda_plan
 from pfl_core.registry import Registry
 

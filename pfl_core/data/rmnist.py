@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.config import NonNegativeInt, PositiveInt
+from pfl_core.fields import NonNegativeInt, PositiveInt
 from pfl_core.data.datasets import DATASETS, mnist
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.partitions import PARTITIONERS

@@ -20,10 +20,10 @@ Clients, as the FedL2P code builds them (``get_speechcommands_and_partition_it``
   random clip at every access; here each silence clip is cut once, by ``default_rng([split_seed, k])``
   for split k = 1, 2, 3 (train, val, test).
 
-Rows are the waveforms (:mod:`pfl_core.audio`: float32 (N, 1 + 16000), the clip length first);
+Rows are the waveforms (:mod:`pfl_core.data.audio`: float32 (N, 1 + 16000), the clip length first);
 ``inputs`` turns a batch (``batch``, or ``raw_batch`` then augmentation then ``to_inputs``) into
 the (N, 1, 224, 224) fbank image, ``extras`` holds the background noise for
-:class:`pfl_core.audio.SpeechAugment`. ``groups`` is the client: seen speakers 0..249,
+:class:`pfl_core.data.audio.SpeechAugment`. ``groups`` is the client: seen speakers 0..249,
 unseen 250..299 (``unseen_groups``: the builder makes them the run's unseen clients). Use the
 ``natural`` partitioner with ``num_clients`` = 300 and ``data.source_splits: {train: train, val:
 val, test: test}``.
@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.audio import CLIP, SAMPLE_RATE, join_rows, speech_features
-from pfl_core.config import NonNegativeInt, Probability
+from pfl_core.data.audio import CLIP, SAMPLE_RATE, join_rows, speech_features
+from pfl_core.fields import NonNegativeInt, Probability
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError
 from pfl_core.data.federated import ArrayDataset
 

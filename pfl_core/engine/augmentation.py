@@ -5,9 +5,9 @@ RandomHorizontalFlip, then Normalize, drawn per image by the DataLoader (FedL2P 
 "Transforms"; ``cifar10Transformation(augment=True)``). Here the random part is drawn on the host,
 after a method's :meth:`~pfl_core.algorithms.base.Algorithm.draw`: for each of the method's
 ``train_streams`` in plan order, each batch in order, one crop offset and one flip per image
-(:func:`pfl_core.augment.draw_crop_flip`) from the client's own generator (stream ``augment``,
+(:func:`pfl_core.data.augment.crop_flip.draw_crop_flip`) from the client's own generator (stream ``augment``,
 seeded by run seed and client). :func:`pfl_core.engine.plans.gather` then crops and flips the
-[0, 1] images and normalises them (:func:`pfl_core.augment.crop_flip`), so the sequential and the
+[0, 1] images and normalises them (:func:`pfl_core.data.augment.crop_flip.crop_flip`), so the sequential and the
 batched path train on identical images. Evaluation batches are never augmented here.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pfl_core.augment import CropFlip, draw_crop_flip
+from pfl_core.data.augment.crop_flip import CropFlip, draw_crop_flip
 from pfl_core.engine.plans import CROP_PADDING, Plan
 
 #: ``data.augment`` values: none, or per-sample RandomCrop(H x W, padding 4) + horizontal flip

@@ -3,14 +3,14 @@
 A method that writes its client update as a *program* (DESIGN.md, "Performance"; the init / step /
 final split of FedJAX) gets both paths from the one definition:
 
-* :meth:`Algorithm.carry_in` (host side): the client's start values from the server state and its
+* :meth:`ClientProgram.carry_in` (host side): the client's start values from the server state and its
   own persistent state (parameters, optimiser moments, ...), a pytree of tensors;
-* :meth:`Algorithm.draw` (host side): the index batches it consumes this round, in order (then,
+* :meth:`ClientProgram.draw` (host side): the index batches it consumes this round, in order (then,
   with ``data.augment``, the per-sample augmentation of its training streams, drawn on the host:
   :mod:`pfl_core.engine.augmentation`);
-* :meth:`Algorithm.local_update`: a pure tensor function ``(carry, batches, masks) -> (carry,
+* :meth:`ClientProgram.local_update`: a pure tensor function ``(carry, batches, masks) -> (carry,
   loss)`` - called on one client by the sequential path, vmapped over a stack by the batched path;
-* :meth:`Algorithm.carry_out` (host side): writes the client's state, returns its upload.
+* :meth:`ClientProgram.carry_out` (host side): writes the client's state, returns its upload.
 
 ``sequential`` runs every client alone (the reference). ``batched`` groups the round's clients
 into buckets of equal plan shape (:mod:`pfl_core.engine.plans`) and runs each bucket of two or more
@@ -20,16 +20,13 @@ runs (the seeds of a cell) can pass their clients together: :meth:`Executor.run_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch.func import vmap
 
 from pfl_core.engine.augmentation import augment_draws
-from pfl_core.engine.plans import Plan, gather, make_buckets
+from pfl_core.engine.plans import gather, make_buckets
 from pfl_core.engine.trees import stack_trees, unstack_tree
-
-if TYPE_CHECKING:
-    from pfl_core.algorithms.base import Algorithm, ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.contract import ClientContext, ClientProgram, ClientUpdate, ServerState
 
 EXECUTIONS = ("sequential", "batched")
 
@@ -38,13 +35,13 @@ EXECUTIONS = ("sequential", "batched")
 class WorkItem:
     """One sampled client of one run in one round."""
 
-    algorithm: "Algorithm"
-    server: "ServerState"
-    client: "ClientContext"
+    algorithm: ClientProgram
+    server: ServerState
+    client: ClientContext
     round_idx: int
 
 
-def run_program(algorithm: "Algorithm", server, client, round_idx: int) -> "ClientUpdate":
+def run_program(algorithm: ClientProgram, server, client, round_idx: int) -> ClientUpdate:
     """The sequential path of a program: one client, no vmap."""
     carry = algorithm.carry_in(server, client, round_idx)
     plan = algorithm.draw(client, round_idx)
@@ -71,10 +68,10 @@ class Executor:
         self.execution = execution
         self.pad_tolerance = pad_tolerance
 
-    def uses_batched(self, algorithm: "Algorithm") -> bool:
+    def uses_batched(self, algorithm: ClientProgram) -> bool:
         return self.execution == "batched" and algorithm.batched_fallback is None
 
-    def run_many(self, items: list[WorkItem]) -> list["ClientUpdate"]:
+    def run_many(self, items: list[WorkItem]) -> list[ClientUpdate]:
         """Updates of ``items`` (possibly from several runs of one cell) in their order."""
         if not items:
             return []

@@ -1,6 +1,6 @@
 """Batch plans: the index batches a client consumes in a round, drawn on the host before any compute.
 
-A method's :meth:`~pfl_core.algorithms.base.Algorithm.draw` returns ``{stream name: [index batch,
+A method's :meth:`~pfl_core.engine.contract.ClientProgram.draw` returns ``{stream name: [index batch,
 ...]}`` in the order the sequential code consumed them, so both execution paths use exactly the
 same batches and the same random numbers. The engine groups clients whose plans have the same
 shape into buckets, pads a bucket's step counts where the method allows it (with a mask), and
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pfl_core.augment import CropFlip, crop_flip, stack_draws
+from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, stack_draws
 from pfl_core.data.federated import ArrayDataset
 
 #: RandomCrop's padding of the FedL2P CIFAR-10 training transform (data.augment crop_flip)
@@ -88,7 +88,7 @@ def _augmented(dataset: ArrayDataset, index: torch.Tensor, draws: CropFlip) -> t
     return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
 
 
-def _rows(datasets: list[ArrayDataset], index: torch.Tensor,
+def gather_rows(datasets: list[ArrayDataset], index: torch.Tensor,
           draws: CropFlip | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``index[k]`` of ``datasets[k]`` (``[clients, ...]`` indices); one indexing when the
     clients share their data (the clients of one run, or seeds without subsampling). ``draws``
@@ -131,7 +131,7 @@ def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stac
             continue
         if uniform_size(tuple(int(b.numel()) for b in rows[0])) is None:
             # batches of unequal sizes (bucketed by identical size sequences): one tensor per step
-            per_step = [_rows(members, torch.stack(column),
+            per_step = [gather_rows(members, torch.stack(column),
                               None if augmented is None else stack_draws([a[j] for a in augmented]))
                         for j, column in enumerate(zip(*rows))]
             xs, ys = [x for x, _ in per_step], [y for _, y in per_step]
@@ -139,7 +139,7 @@ def gather(datasets: list[ArrayDataset], plans: list[Plan], bucket: Bucket, stac
             continue
         index = torch.stack([torch.stack(r) for r in rows])  # [clients, steps, B]
         stacked_draws = None if augmented is None else stack_draws([stack_draws(a) for a in augmented])
-        x, y = _rows(members, index, stacked_draws)
+        x, y = gather_rows(members, index, stacked_draws)
         batches[name] = (x, y) if stacked else (x[0], y[0])
         if name in bucket.padded:
             lengths = torch.tensor([len(plans[i][name]) for i in bucket.members], device=index.device)

@@ -5,14 +5,14 @@ ones for Speech Commands' unseen pool) personalizes the pretrained model and is 
 
 1. the client's fine-tuning data is its ``finetune_splits`` joined (CIFAR-10: train + val, all 50
    samples, spec diff 7); its batches are drawn from the client's own stream (run seed, client), so
-   every method sees the same batches (:func:`pfl_core.finetune.plan_client`);
+   every method sees the same batches (:func:`pfl_core.algorithms._lib.finetune.plan_client`);
 2. the meta-net inputs (xi, LRNet statistics) are computed once, on one per-sample augmented epoch
-   of that data, with the pretrained model in init mode (:mod:`pfl_core.meta_inputs`);
-3. the method turns them into a :class:`~pfl_core.finetune.FinetuneRecipe`
+   of that data, with the pretrained model in init mode (:mod:`pfl_core.algorithms._lib.meta_inputs`);
+3. the method turns them into a :class:`~pfl_core.algorithms._lib.finetune.FinetuneRecipe`
    (``finetune_recipe(server, pretrained, inputs, client)``: betas, per-tensor lrs,
    running-statistics start, test mode; ``client``, the client's context, for a method with
    per-client state such as L2P's own lambda);
-4. e epochs of fine-tuning, then the test split at batch 50 (:func:`pfl_core.finetune.finetune_clients`,
+4. e epochs of fine-tuning, then the test split at batch 50 (:func:`pfl_core.algorithms._lib.finetune.finetune_clients`,
    vmapped over clients on the batched path).
 
 Summary (percent, unlike the other protocols' fractions, as the paper prints them): ``acc_pooled``
@@ -29,10 +29,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
+from pfl_core.engine.contract import ClientContext, ClientProgram, ServerState
 from pfl_core.data.federated import FederatedData
-from pfl_core.evaluation import PROTOCOLS, ClientResult, EvalResult, Protocol, check_finite_results
-from pfl_core.finetune import (ClientOutcome, FinetuneRecipe, MetaInputs, client_meta_inputs, finetune_clients,
+from pfl_core.evaluation.protocol import PROTOCOLS, Protocol
+from pfl_core.evaluation.results import ClientResult, EvalResult, check_finite_results
+from pfl_core.algorithms._lib.finetune import (ClientOutcome, FinetuneRecipe, MetaInputs, client_meta_inputs, finetune_clients,
                                lr_tree, mean_accuracy, plan_client, pooled_accuracy, pretrained_state)
 from pfl_core.models.kld_bn import load_pretrained
 
@@ -74,7 +75,7 @@ class FinetunePretrained(Protocol):
                                  f"data.client_splits or change evaluation.params.finetune_splits")
         return ids
 
-    def _evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
+    def _evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
                   executor=None) -> EvalResult:
         if not hasattr(algorithm, "finetune_recipe"):
             raise ValueError(f"protocol finetune_pretrained evaluates methods that personalize a pretrained model "
@@ -115,7 +116,7 @@ class FinetunePretrained(Protocol):
 def crop_flip_augment(dataset, index: torch.Tensor, generator: torch.Generator):
     """CIFAR-10 / CIFAR-10-C: RandomCrop(32, padding 4) + RandomHorizontalFlip per sample on the
     [0, 1] images, then the dataset's Normalize (the code's evaluation transform)."""
-    from pfl_core.augment import crop_flip, draw_crop_flip  # the FedL2P data module (issue 14)
+    from pfl_core.data.augment.crop_flip import crop_flip, draw_crop_flip  # the FedL2P data module (issue 14)
 
     x, y = dataset.raw_batch(index)
     return dataset.normalize(crop_flip(x, draw_crop_flip(len(y), generator))), y
@@ -124,7 +125,7 @@ def crop_flip_augment(dataset, index: torch.Tensor, generator: torch.Generator):
 def flip_rotate_augment(dataset, index: torch.Tensor, generator: torch.Generator):
     """Office-Caltech-10 / DomainNet: RandomHorizontalFlip + RandomRotation(+-30) per sample on the
     [0, 1] images, then the dataset's normalisation (none on Office's evaluation path)."""
-    from pfl_core.augment_domains import draw_flip_rotate, flip_rotate  # FedL2P domains (issue 14)
+    from pfl_core.data.augment.flip_rotate import draw_flip_rotate, flip_rotate  # FedL2P domains (issue 14)
 
     x, y = dataset.raw_batch(index)
     return dataset.to_inputs(dataset.normalize(flip_rotate(x, draw_flip_rotate(len(y), generator)))), y
@@ -136,7 +137,7 @@ def speech_augment(dataset, index: torch.Tensor, generator: torch.Generator):
     "Implementation details" 3), on the stored clips before their features."""
     import numpy as np
 
-    from pfl_core.audio import SpeechAugment  # FedL2P domains (issue 14)
+    from pfl_core.data.audio import SpeechAugment  # FedL2P domains (issue 14)
 
     rows, y = dataset.raw_batch(index)
     aug = SpeechAugment(dataset.extras["noise"], dataset.extras["noise_lengths"])

@@ -35,10 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
+from pfl_core.engine.contract import ClientContext, ClientProgram, ServerState
 from pfl_core.data.federated import ArrayDataset, FederatedData
-from pfl_core.evaluation import PROTOCOLS, EvalConfig, EvalResult, Protocol
-from pfl_core.proto_eval import eval_mode
+from pfl_core.evaluation.config import EvalConfig
+from pfl_core.evaluation.protocol import PROTOCOLS, Protocol
+from pfl_core.evaluation.results import EvalResult
+from pfl_core.evaluation.proto import eval_mode
 from pfl_core.prototypes import class_prototypes, nearest_prototype
 from pfl_core.training import Params, embed
 
@@ -135,13 +137,13 @@ class NovelClassEval(Protocol):
         return []
 
     @torch.no_grad()
-    def _embed(self, algorithm: Algorithm, params: Params, dataset: ArrayDataset) -> torch.Tensor:
+    def _embed(self, algorithm: ClientProgram, params: Params, dataset: ArrayDataset) -> torch.Tensor:
         size = self.cfg.batch_size or 256
         rows = torch.arange(len(dataset), device=dataset.y.device)
         with eval_mode(algorithm.model) as model:
             return torch.cat([embed(model, params, dataset.batch(chunk)[0]) for chunk in rows.split(size)])
 
-    def _split(self, role: str, algorithm: Algorithm, params: Params, groups: int, evaluation: int):
+    def _split(self, role: str, algorithm: ClientProgram, params: Params, groups: int, evaluation: int):
         if role not in self.data:
             raise ValueError(f"protocol 'novel_class' has no {role!r} data: the run must load split "
                              f"{self.dataset_splits[role]!r} of its dataset (evaluation.params.novel_{role}_split)")
@@ -150,7 +152,7 @@ class NovelClassEval(Protocol):
         return novel_class_accuracy(self._embed(algorithm, params, dataset), dataset.y, groups,
                                     self.cfg.ways, self.cfg.users, rng)
 
-    def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
+    def evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
                  executor=None, history: list[dict] | None = None) -> EvalResult:
         history = history or []
         params = algorithm.predictor(server, None)

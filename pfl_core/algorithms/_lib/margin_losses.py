@@ -1,6 +1,6 @@
 """MetaVers' episode losses as pure tensor code (MetaVers spec, "Losses"; paper Eq. 2-4).
 
-The episode's embeddings arrive in class blocks (:mod:`pfl_core.episodes`): ``support`` holds K
+The episode's embeddings arrive in class blocks (:mod:`pfl_core.algorithms._lib.episodes`): ``support`` holds K
 rows per class, and every row of the episode has a one-hot class row. Class sizes may differ
 (the "R*" fallback), so every mean is taken through masks, never through shapes: two clients
 whose episodes have the same sizes share one ``vmap`` call whatever their class split.

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from pfl_core.training import partial_gradients  # noqa: F401  (re-exported: the methods' import path)
-
 
 def split_names(model: nn.Module, prefixes: list[str], method: str) -> tuple[list[str], list[str]]:
     """(head names, body names) of ``model``'s parameters; both must be non-empty."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pfl_core.config import PositiveFloat
+from pfl_core.fields import PositiveFloat
 
 
 @dataclass

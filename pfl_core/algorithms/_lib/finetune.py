@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
-from pfl_core.meta_inputs import meta_inputs
+from pfl_core.algorithms._lib.meta_inputs import meta_inputs
 from pfl_core.models.kld_bn import bn_mode, bn_names, forward_bn, load_pretrained, set_betas
 from pfl_core.training import Params, value_and_grad
 
@@ -97,7 +97,7 @@ def pretrained_state(server: dict, model: nn.Module) -> PretrainedState:
 def client_meta_inputs(model: nn.Module, state: PretrainedState, batches: Sequence[torch.Tensor],
                        start: tuple[Params, Buffers] | None = None) -> MetaInputs:
     """The meta-net inputs of one client's ``batches`` on the pretrained model (init mode,
-    :func:`pfl_core.meta_inputs.meta_inputs`); ``start``: ``load_pretrained(model, state)`` if
+    :func:`pfl_core.algorithms._lib.meta_inputs.meta_inputs`); ``start``: ``load_pretrained(model, state)`` if
     already at hand (many clients)."""
     params, buffers = start or load_pretrained(model, state)
     with torch.no_grad():

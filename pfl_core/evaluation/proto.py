@@ -39,12 +39,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pfl_core.algorithms.base import Algorithm, ClientContext, ServerState
+from pfl_core.engine.contract import ClientContext, ClientProgram, ServerState
 from pfl_core.data.federated import FederatedData
-from pfl_core.evaluation import (
-    PROTOCOLS, ClientResult, EvalConfig, EvalResult, Protocol, _ClientStack, _group,
-    check_finite_results, summarise,
-)
+from pfl_core.evaluation.batched import ClientStack, group_calls
+from pfl_core.evaluation.config import EvalConfig
+from pfl_core.evaluation.protocol import PROTOCOLS, Protocol
+from pfl_core.evaluation.results import ClientResult, EvalResult, check_finite_results, summarise
 from pfl_core.prototypes import class_prototypes, nearest_prototype, prototype_logits, squared_distances
 from pfl_core.training import Params, embed
 
@@ -128,7 +128,7 @@ class ProtoEval(Protocol):
         size = self.cfg.batch_size or ctx.streams[self.splits[-1]].batch_size
         return list(ctx.client.splits[split].split(size))
 
-    def _embed(self, algorithm: Algorithm, params: Params, x: torch.Tensor) -> torch.Tensor:
+    def _embed(self, algorithm: ClientProgram, params: Params, x: torch.Tensor) -> torch.Tensor:
         own = getattr(algorithm, "embedding", None)
         return own(params, x) if own is not None else embed(algorithm.model, params, x)
 
@@ -145,14 +145,14 @@ class ProtoEval(Protocol):
     def _embed_batched(self, algorithm, params: list[Params], contexts: list[ClientContext],
                        split: str) -> list[torch.Tensor]:
         """Every client's embedding of ``split``: at each chunk position, the clients whose chunks
-        have equal sizes in one vmapped call (:class:`pfl_core.evaluation._ClientStack`)."""
-        stack = _ClientStack(params, contexts)
+        have equal sizes in one vmapped call (:class:`pfl_core.evaluation.ClientStack`)."""
+        stack = ClientStack(params, contexts)
         chunks = [self._chunks(ctx, split) for ctx in contexts]
         parts: list[list[torch.Tensor]] = [[] for _ in contexts]
         device = next(iter(stack.params.values())).device
         for position in range(max(len(c) for c in chunks)):
             batches = {i: c[position] for i, c in enumerate(chunks) if position < len(c)}
-            for call in _group(0, position, batches):
+            for call in group_calls(0, position, batches):
                 x = torch.stack([contexts[i].dataset.batch(row)[0] for i, row in zip(call.members, call.rows)])
                 at = torch.tensor(call.members, device=device)
                 emb = stack.call(lambda p, x, y, client: self._embed(algorithm, p, x), call.members, at, x, x)
@@ -160,7 +160,7 @@ class ProtoEval(Protocol):
                     parts[i].append(emb[k])
         return [torch.cat(p) for p in parts]
 
-    def evaluate(self, algorithm: Algorithm, server: ServerState, contexts: dict[int, ClientContext],
+    def evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
                  executor=None, history=None) -> EvalResult:
         clients = list(contexts.values())
         params = [algorithm.predictor(server, ctx) for ctx in clients]

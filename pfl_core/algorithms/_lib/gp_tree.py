@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pfl_core import gp
+from pfl_core.algorithms._lib import gp
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Office-Caltech-10 / DomainNet augmentation as host-side draws plus a pure tensor function
 (fedl2p.md, "Office-Caltech-10": RandomHorizontalFlip + RandomRotation(+-30 degrees)).
 
-The same draw/apply shape as :mod:`pfl_core.augment` (CIFAR's crop/flip): :func:`draw_flip_rotate`
+The same draw/apply shape as :mod:`pfl_core.data.augment.crop_flip` (CIFAR's crop/flip): :func:`draw_flip_rotate`
 draws on the host from a ``torch.Generator``, per sample (the evaluation's per-sample DataLoader
 transforms) or ``shared`` by the whole batch (the code's ``jit_augment``, an ``nn.Sequential`` of the
 two transforms applied to a batch tensor during meta-training); :func:`flip_rotate` applies them,

@@ -1,0 +1,68 @@
+"""Settings shared by every evaluation protocol (:class:`EvalConfig`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pfl_core.fields import HyperParams, NonNegativeInt, PositiveFloat, PositiveInt
+
+
+@dataclass
+class EvalConfig(HyperParams):
+    """Settings of an evaluation protocol (both protocols share them)."""
+
+    steps: NonNegativeInt = 0
+    """Personalization steps at evaluation for methods that fine-tune (CAFeMe: 50)."""
+    lr: PositiveFloat = 0.01
+    """Fine-tuning learning rate (CAFeMe: ``lr_ft`` for baselines, ``lr_ft_pfl`` for CAFeMe)."""
+    gamma: PositiveFloat = 0.8
+    """Multiplicative learning-rate decay (CAFeMe: 0.8)."""
+    decay_every: PositiveInt = 5
+    """Decay the learning rate after every this many steps (CAFeMe: 5)."""
+    batch_size: NonNegativeInt = 0
+    """Evaluation batch size; 0 = the federation's training batch size."""
+    reduction: Literal["batch_mean", "sample"] = "batch_mean"
+    """Client accuracy: ``batch_mean`` = unweighted mean of per-batch accuracies, batches of size 1
+    skipped (CAFeMe code); ``sample`` = correct predictions / samples."""
+    split: str = "test"
+    """The client split evaluated on."""
+    val_split: str = ""
+    """Also evaluate this client split at every evaluation (e.g. ``val``), its summary keys
+    prefixed ``val_`` (``val_acc``, ``val_avg_acc``, ...): the per-round validation history that
+    best-validation selection (MetaVers spec, "Model selection") and early stopping read. Empty:
+    the evaluated split only. Ignored when tuning (``target: validation`` evaluates ``val``)."""
+    nvar: bool = False
+    """Protocol ``proto``: also log ``nvar`` of the test embeddings (MetaVers Table 4; spec
+    "Evaluation protocol", harness default: :func:`pfl_core.evaluation.proto.nvar`)."""
+    novel_val_split: str = "val"
+    """Protocol ``novel_class``: the dataset split holding the validation classes (Table 6)."""
+    novel_test_split: str = "test"
+    """Protocol ``novel_class``: the dataset split holding the test classes."""
+    ways: PositiveInt = 5
+    """Protocol ``novel_class``: classes per group (MetaVers code: 5)."""
+    users: PositiveInt = 10
+    """Protocol ``novel_class``: users per group, one fold of every class each (code: 10)."""
+    groups_val: PositiveInt = 500
+    """Protocol ``novel_class``: groups per validation evaluation (code: 500)."""
+    groups_test: PositiveInt = 1000
+    """Protocol ``novel_class``: groups per test evaluation (code: 1000)."""
+    epochs: NonNegativeInt = 15
+    """Protocol ``finetune_pretrained``: fine-tuning epochs e (FedL2P: 15, and 5 for Tables 2 and 4)."""
+    finetune_splits: list[str] = field(default_factory=lambda: ["train"])
+    """Protocol ``finetune_pretrained``: the client splits fine-tuned on, joined (FedL2P CIFAR-10:
+    ``[train, val]``, all 50 samples, spec diff 7; other datasets ``[train]``)."""
+    test_batch_size: PositiveInt = 50
+    """Protocol ``finetune_pretrained``: test batch size (FedL2P code: 50)."""
+    augment: bool = True
+    """Protocol ``finetune_pretrained``: per-sample augmentation of the fine-tuning batches and of
+    the meta-net input pass (spec "Data": evaluation path)."""
+    clients: Literal["seen", "unseen"] = "seen"
+    """Protocol ``finetune_pretrained``: which clients are evaluated, the training clients
+    (``seen``) or the held-out ones (``unseen``: Speech Commands' unseen speaker pool, Table 4)."""
+    stack_size: NonNegativeInt = 64
+    """Protocol ``finetune_pretrained``, batched path: clients per vmapped stack (0: all clients of
+    equal batch shapes at once). Memory only (the numbers do not depend on it): a stack trains
+    ``stack_size`` x ``batch_size`` images per step and holds their inputs for all its steps."""
+
+    def lr_at(self, step: int) -> float:
+        return self.lr * self.gamma ** (step // self.decay_every)

@@ -1,0 +1,152 @@
+"""Typed, checked fields: numeric ranges and choices declared in annotations, checked when a
+configuration or a method's hyperparameters are built, so a bad value fails at load time with its
+dotted key (:class:`ConfigError`), never hours into a sweep."""
+from __future__ import annotations
+
+import inspect
+import math
+import typing
+from dataclasses import MISSING, dataclass, fields
+from typing import Annotated, Any
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric constraint declared in a field's annotation, ``Annotated[int, Range(ge=1)]``, and
+    checked by :func:`check_values` when a configuration is built (issue 15, item 4: a bad value
+    fails when the suite is loaded, not hours into a sweep)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def admits(self, value: float) -> bool:
+        return ((self.ge is None or value >= self.ge) and (self.gt is None or value > self.gt)
+                and (self.le is None or value <= self.le) and (self.lt is None or value < self.lt))
+
+    def describe(self) -> str:
+        bounds = [(">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt)]
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
+
+
+#: the constrained scalar types of config and hyperparameter fields
+PositiveInt = Annotated[int, Range(ge=1)]
+NonNegativeInt = Annotated[int, Range(ge=0)]
+PositiveFloat = Annotated[float, Range(gt=0)]
+NonNegativeFloat = Annotated[float, Range(ge=0)]
+Fraction = Annotated[float, Range(ge=0, lt=1)]
+"""A share of something that must leave a remainder (held-out clients, a split)."""
+Probability = Annotated[float, Range(ge=0, le=1)]
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names its path (``key``: the dotted
+    path of the offending value, when known, so that a suite can say which of its entries set it)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
+
+
+_SCALARS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _unwrap(hint) -> tuple[Any, list[Range]]:
+    """(base type, its Range constraints) of a possibly ``Annotated`` type hint."""
+    if typing.get_origin(hint) is Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [e for e in extras if isinstance(e, Range)]
+    return hint, []
+
+
+def check_values(hints: dict[str, Any], values: dict, where: str = "",
+                 defaults: dict[str, Any] | None = None, path: str | None = None) -> dict:
+    """Check ``values`` against type ``hints`` (name -> hint): scalar types, ``Literal`` choices,
+    finite numbers and ``Range`` constraints; return them with integers converted for float fields.
+    Errors name ``where + name``, what is expected and the default (the fix); their ``key`` is
+    ``path + name`` (default ``where + name``), the dotted config key."""
+    checked = dict(values)
+    for name, value in values.items():
+        hint = hints.get(name)
+        if type(None) in typing.get_args(hint):  # ``X | None``: null, or a value checked as X
+            if value is None:
+                continue
+            others = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = others[0] if len(others) == 1 else hint
+        expected, ranges = _unwrap(hint)
+        key = f"{where}{name}"
+        dotted = f"{path if path is not None else where}{name}"
+        default = (defaults or {}).get(name, MISSING)
+        hint = "" if default is MISSING else f" (default: {default!r})"
+        if typing.get_origin(expected) is typing.Literal:
+            allowed = typing.get_args(expected)
+            if value not in allowed:
+                raise ConfigError(f"{key} must be one of {list(allowed)}, got {value!r}", dotted)
+            continue
+        if expected not in _SCALARS:
+            continue
+        ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+        if expected is float and isinstance(value, int) and not isinstance(value, bool):
+            checked[name], ok = float(value), True
+        if not ok:
+            what = _SCALARS[expected] + "".join(f" {r.describe()}" for r in ranges)
+            raise ConfigError(f"{key} must be {what}, got {value!r} ({type(value).__name__}){hint}", dotted)
+        if expected is float and not math.isfinite(checked[name]):
+            raise ConfigError(f"{key} must be a finite number, got {value!r}{hint}", dotted)
+        for bound in ranges:
+            if not bound.admits(checked[name]):
+                raise ConfigError(f"{key} must be {bound.describe()}, got {value!r}{hint}", dotted)
+    return checked
+
+
+def field_defaults(cls) -> dict[str, Any]:
+    """The default of every field of dataclass ``cls`` that has one (for error messages)."""
+    out = {}
+    for f in fields(cls):
+        if f.default is not MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not MISSING:
+            out[f.name] = f.default_factory()
+    return out
+
+
+def check_value_types(cls, values: dict, where: str = "", path: str | None = None) -> dict:
+    """Reject values that do not fit the fields of dataclass ``cls`` (:func:`check_values`).
+
+    YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
+    suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
+    """
+    return check_values(typing.get_type_hints(cls, include_extras=True), values, where, field_defaults(cls), path)
+
+
+def check_call_values(fn, values: dict, where: str, what: str) -> dict:
+    """:func:`check_values` for the keyword parameters of function ``fn`` (a partitioner, a
+    loader): an unknown name or a bad value raises :class:`ConfigError` keyed ``where + name``."""
+    params = {k: p for k, p in inspect.signature(fn).parameters.items()
+              if p.default is not inspect.Parameter.empty}
+    unknown = sorted(set(values) - set(params))
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}: not a parameter of {what}; allowed: "
+                          f"{sorted(params) or '(none)'}", where + unknown[0])
+    defaults = {k: p.default for k, p in params.items()}
+    return check_values(typing.get_type_hints(fn, include_extras=True), values, where, defaults)
+
+
+@dataclass
+class HyperParams:
+    """Base class of every method's (and protocol's) hyperparameters: a dataclass whose fields are
+    checked by name, type, ``Literal`` choice and declared :class:`Range` when built."""
+
+    @classmethod
+    def from_dict(cls, values: dict, where: str = "", path: str | None = None) -> "HyperParams":
+        """Build from a mapping, checking names, types and declared ranges; errors start with
+        ``where`` and carry the dotted key ``path + name`` (:class:`ConfigError`)."""
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - allowed)
+        if unknown:
+            raise ConfigError(
+                f"{where}unknown hyperparameter(s) {unknown} for {cls.__name__}; "
+                f"allowed: {sorted(allowed)}", None if path is None else path + unknown[0]
+            )
+        return cls(**check_value_types(cls, values, where, path))
