@@ -69,6 +69,9 @@ class Case:
     """A word the message must contain: the key (or flag) at fault."""
     mutate: Callable[[dict], None] = lambda d: None
     args: list[str] = field(default_factory=list)
+    files: Callable[[Path, Path], None] | None = None
+    """Writes the case's files (``files(suite_path, data_dir)``) after the suite: a suite path that
+    is not a YAML file, or data files; the run then gets ``--data-dir data_dir``."""
 
 
 def _set(path: str, value) -> Callable[[dict], None]:
@@ -93,6 +96,44 @@ def _repeat_axis(d: dict) -> None:
 
 def _empty_grid(d: dict) -> None:
     d["grid"], d["published"] = [], []  # no published cell to trip over first
+
+
+def _write(content: bytes) -> Callable[[Path, Path], None]:
+    """Replace the suite file by ``content`` (a binary file, YAML with a repeated key)."""
+    return lambda path, data_dir: path.write_bytes(content)
+
+
+def _directory(path: Path, data_dir: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _repeated_key(path: Path, data_dir: Path) -> None:
+    text = path.read_text().replace("  federation:\n", "  federation:\n    rounds: 5\n", 1)
+    path.write_text(text)  # base.federation.rounds twice: 5 then 2
+
+
+def _mnist(labels=None, n_labels: int | None = None) -> Callable[[Path, Path], None]:
+    """MNIST idx files of 60 training images under ``data_dir`` with bad ``labels`` or a label file
+    of ``n_labels`` entries (images and labels disagree)."""
+    def write(path: Path, data_dir: Path) -> None:
+        import numpy as np
+
+        from fake_data import write_idx, write_mnist
+
+        write_mnist(data_dir, n_train=60, n_test=10)
+        raw = data_dir / "MNIST" / "raw"
+        if labels is not None:
+            write_idx(raw / "train-labels-idx1-ubyte", np.array(labels(60)))
+        if n_labels is not None:
+            write_idx(raw / "train-labels-idx1-ubyte", np.arange(n_labels) % 10)
+    return write
+
+
+def _on_mnist(d: dict) -> None:
+    d["base"]["data"].update(dataset="mnist", num_clients=4, params={})
+    d["base"]["federation"]["clients_per_round"] = 2
+    d["grid"][0]["values"][0]["set"]["data.partition"]["min_size"] = 2
 
 
 CASES = [
@@ -154,6 +195,13 @@ CASES = [
     Case("negative dataset parameter", "size", _set("base.data.params.size", -28)),
     Case("unknown dataset parameter", "sise", _set("base.data.params", {"sise": 28})),
     Case("infinite fine-tuning lr", "lr", _set("base.evaluation.params.lr", math.inf)),
+    # issue 29, item 2: files that are not suites, data that is not data
+    Case("suite path is a directory", "directory", files=_directory),
+    Case("binary suite file", "UTF-8", files=_write(bytes(range(256)) * 4)),
+    Case("NUL bytes in the suite file", "binary", files=_write(b"paper: probe\x00\x00\n")),
+    Case("YAML key set twice", "rounds", files=_repeated_key),
+    Case("empty axis label", "label", _set("grid.0.values.0.label", "")),
+    Case("empty scalar axis value", "values", _set("grid.1.values", ["fedavg", ""])),
 ]
 
 
@@ -186,6 +234,9 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     argv = ["run", str(path), "--tracking-uri", uri, "--strict", "--report", "--out", str(folder / "reports"),
             *case.args]
+    if case.files is not None:
+        case.files(path, folder / "data")
+        argv += ["--data-dir", str(folder / "data")]
     if not run:
         argv.append("--dry-run")
     err = io.StringIO()
