@@ -65,6 +65,7 @@ import yaml
 from benchmarks.search_spaces import get_space
 from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
+from pfl_core.atomic_file import write_text
 
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
@@ -567,18 +568,13 @@ def write_tuned(path: Path, suite_key: str, cid: str, method: str, profile: str,
     read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        data = yaml.safe_load(handle.read()) or {}
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:  # the file itself is replaced
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
         data["suite"] = suite_key
         entry = {"params": {k: _plain(v) for k, v in params.items()}, "provenance": _plain(provenance)}
         data.setdefault("cells", {}).setdefault(cid, {}).setdefault(method, {})[profile] = entry
-        handle.seek(0)
-        handle.truncate()
-        handle.write(TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
-        handle.flush()
-        os.fsync(handle.fileno())
+        write_text(path, TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
     return path
 
 
