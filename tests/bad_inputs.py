@@ -21,6 +21,7 @@ import contextlib
 import copy
 import io
 import math
+import os
 import sys
 import tempfile
 import traceback
@@ -202,6 +203,16 @@ CASES = [
     Case("YAML key set twice", "rounds", files=_repeated_key),
     Case("empty axis label", "label", _set("grid.0.values.0.label", "")),
     Case("empty scalar axis value", "values", _set("grid.1.values", ["fedavg", ""])),
+    Case("idx label out of range", "train-labels-idx1-ubyte", _on_mnist,
+         files=_mnist(labels=lambda n: [(i * 16) % 170 for i in range(n)])),
+    Case("idx images and labels disagree", "train-labels-idx1-ubyte", _on_mnist, files=_mnist(n_labels=50)),
+    # issue 29, item 1: cells that load but cannot run
+    Case("unseen protocol without unseen clients", "evaluation.protocol", _set("base.data.unseen_fraction", 0)),
+    Case("zero local epochs", "local_epochs", _set("base.method.params.local_epochs", 0)),
+    Case("partition min_size the data cannot meet", "data.partition", _dir_partition(min_size=400)),
+    Case("real dataset without its files", "data.dataset", _set("base.data", {
+        "dataset": "mnist", "num_clients": 10, "unseen_fraction": 0.2, "client_splits": {"test": 0.2}}),
+        files=lambda path, data_dir: data_dir.mkdir(parents=True, exist_ok=True)),
 ]
 
 
@@ -234,9 +245,11 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     argv = ["run", str(path), "--tracking-uri", uri, "--strict", "--report", "--out", str(folder / "reports"),
             *case.args]
+    saved = {k: os.environ.get(k) for k in ("PFL_DOWNLOAD", "PFL_DATA_DIR")}  # --data-dir sets PFL_DATA_DIR
     if case.files is not None:
         case.files(path, folder / "data")
         argv += ["--data-dir", str(folder / "data")]
+        os.environ["PFL_DOWNLOAD"] = "0"  # a missing dataset is reported, never fetched by the probe
     if not run:
         argv.append("--dry-run")
     err = io.StringIO()
@@ -248,6 +261,8 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
         except Exception:  # noqa: BLE001 - a traceback is a poor answer, recorded as such
             traceback.print_exc()
             rc = -1
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     message = err.getvalue()
     last = (message.strip().splitlines() or [""])[-1]
     if rc == 0:
