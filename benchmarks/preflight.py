@@ -48,8 +48,8 @@ def check_data(suite: Suite, spec: RunSpec, data_dir: str | None) -> None:
     try:
         _, fed = run_data(cfg, RunStreams(cfg.seed), data_dir)
     except (FileNotFoundError, ValueError) as err:
-        key, fix = _DATA_FIX.get(type(err).__name__, ("data.partition", "; use a feasible partition, e.g. "
-                                                                          "fewer clients or a smaller min_size"))
+        partition_fix = "; use a feasible partition, e.g. fewer clients or a smaller min_size"
+        key, fix = _DATA_FIX.get(type(err).__name__, ("data.partition", partition_fix))
         raise _fail(suite, spec, key, f"{err}{fix}") from None
     protocol = PROTOCOLS.get(cfg.evaluation.protocol)(EvalConfig.from_dict(cfg.evaluation.params),
                                                       target=cfg.evaluation.target)

@@ -62,7 +62,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from benchmarks.code_reference import Checks, parse_code_reference
 from benchmarks.yaml_file import YamlFileError, read_yaml
 from pfl_core.algorithms import METHODS

@@ -53,7 +53,6 @@ import datetime as _dt
 import fcntl
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

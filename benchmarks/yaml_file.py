@@ -46,7 +46,7 @@ def read_yaml(path: Path) -> Any:
     if "\x00" in text:
         raise YamlFileError(f"{path}: a binary file (it holds NUL bytes); use a YAML suite file (text, UTF-8)")
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except YamlFileError as err:
         raise YamlFileError(f"{path}: {err}") from None
     except yaml.YAMLError as err:

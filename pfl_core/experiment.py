@@ -22,7 +22,7 @@ from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset, load_sources
 from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
-from pfl_core.data.federated import ArrayDataset, standardize
+from pfl_core.data.federated import ArrayDataset, FederatedData, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import EvalConfig
 from pfl_core.protocols import PROTOCOLS
@@ -155,7 +155,7 @@ class RunSetup:
     """Where ``model.pretrained`` came from (stage-1 config hash and run, or a source)."""
 
 
-def run_data(cfg: RunConfig, streams: RunStreams, data_dir: str | None = None) -> tuple[ArrayDataset, "FederatedData"]:
+def run_data(cfg: RunConfig, streams: RunStreams, data_dir: str | None = None) -> tuple[ArrayDataset, FederatedData]:
     """The dataset a run loads (standardized, subsampled) and its federation: partition, client
     splits, held-out clients; on the CPU. Also the data step of the sweep's pre-flight."""
     d = cfg.data

@@ -8,13 +8,13 @@ import io
 import os
 
 import pytest
+from conftest import store
+from test_report import fill_hand_store
 
 from benchmarks.report import render_paper
 from benchmarks.tracking import Tracker
 from benchmarks.tuning import write_tuned
 from pfl_core.atomic_file import atomic_path, write_text
-from conftest import store
-from test_report import fill_hand_store
 
 
 @pytest.fixture
