@@ -73,6 +73,9 @@ class Case:
     files: Callable[[Path, Path], None] | None = None
     """Writes the case's files (``files(suite_path, data_dir)``) after the suite: a suite path that
     is not a YAML file, or data files; the run then gets ``--data-dir data_dir``."""
+    store: str | None = None
+    """The store's SQLite file relative to the case's folder (default ``mlflow.db``); a store case
+    is answered well when the message names ``--tracking-uri`` instead of the suite file."""
 
 
 def _set(path: str, value) -> Callable[[dict], None]:
@@ -119,7 +122,6 @@ def _mnist(labels=None, n_labels: int | None = None) -> Callable[[Path, Path], N
     of ``n_labels`` entries (images and labels disagree)."""
     def write(path: Path, data_dir: Path) -> None:
         import numpy as np
-
         from fake_data import write_idx, write_mnist
 
         write_mnist(data_dir, n_train=60, n_test=10)
@@ -129,6 +131,29 @@ def _mnist(labels=None, n_labels: int | None = None) -> Callable[[Path, Path], N
         if n_labels is not None:
             write_idx(raw / "train-labels-idx1-ubyte", np.arange(n_labels) % 10)
     return write
+
+
+def _damaged_store(path: Path, data_dir: Path) -> None:
+    """A SQLite file with a valid header whose schema page is overwritten."""
+    import sqlite3
+
+    db = path.parent / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    data = bytearray(db.read_bytes())
+    data[100:600] = b"\xff" * 500
+    db.write_bytes(bytes(data))
+
+
+def _read_only_store(path: Path, data_dir: Path) -> None:
+    import sqlite3
+
+    db = path.parent / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    db.chmod(0o444)
 
 
 def _on_mnist(d: dict) -> None:
@@ -206,6 +231,13 @@ CASES = [
     Case("idx label out of range", "train-labels-idx1-ubyte", _on_mnist,
          files=_mnist(labels=lambda n: [(i * 16) % 170 for i in range(n)])),
     Case("idx images and labels disagree", "train-labels-idx1-ubyte", _on_mnist, files=_mnist(n_labels=50)),
+    # issue 29, item 3: store faults
+    Case("corrupt SQLite store", "not a SQLite database", store="mlflow.db",
+         files=lambda path, data_dir: (path.parent / "mlflow.db").write_bytes(b"not a database\n" * 300)),
+    Case("SQLite store with a damaged page", "damaged", store="mlflow.db", files=_damaged_store),
+    Case("read-only SQLite store", "read-only", store="mlflow.db", files=_read_only_store),
+    Case("store folder is a file", "is a file", store="blocker/mlflow.db",
+         files=lambda path, data_dir: (path.parent / "blocker").write_text("a file\n")),
     # issue 29, item 1: cells that load but cannot run
     Case("unseen protocol without unseen clients", "evaluation.protocol", _set("base.data.unseen_fraction", 0)),
     Case("zero local epochs", "local_epochs", _set("base.method.params.local_epochs", 0)),
@@ -217,7 +249,7 @@ CASES = [
 
 
 def _message_is_good(message: str, case: Case, suite_path: Path) -> bool:
-    where = "--" if case.args else str(suite_path)
+    where = "--" if case.args or case.store else str(suite_path)
     lines = [line for line in message.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     return (where in last and case.key in last and "Traceback" not in message
@@ -242,7 +274,7 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bad.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = f"sqlite:///{folder / (case.store or 'mlflow.db')}"
     argv = ["run", str(path), "--tracking-uri", uri, "--strict", "--report", "--out", str(folder / "reports"),
             *case.args]
     saved = {k: os.environ.get(k) for k in ("PFL_DOWNLOAD", "PFL_DATA_DIR")}  # --data-dir sets PFL_DATA_DIR
