@@ -62,6 +62,9 @@ def cmd_run(args) -> int:
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
         return 2
+    from benchmarks.preflight import preflight
+
+    preflight(suite, specs, args.data_dir, data=not args.no_data_check)  # every cell, before any run
     if args.dry_run:
         return dry_run(args, specs, _tracker(args))
     executor = _executor(args)
@@ -259,7 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--deterministic", action="store_true",
                      help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
                           "deterministic=true); like --execution, never part of the config hash")
-    run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
+    run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit (after the pre-flight)")
+    run.add_argument("--no-data-check", action="store_true",
+                     help="skip the pre-flight's data step (load, partition and protocol clients of every cell, "
+                          "before any run and on --dry-run); the per-run checks stay")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")
     failures = run.add_mutually_exclusive_group()

@@ -29,6 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pfl_core.algorithms import METHODS
+from pfl_core.atomic_file import atomic_path
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{w.name:16s} {device_name:6s} {label:12s} {seconds:9.4f} {row['speedup']:7.2f}x "
                       f"{rate:8.1f} {row['percent_of_matmul']:7.0f}%", flush=True)
     if args.csv:
-        with open(args.csv, "w", newline="") as handle:
+        with atomic_path(args.csv) as tmp, open(tmp, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)

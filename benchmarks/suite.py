@@ -62,9 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from benchmarks.code_reference import Checks, parse_code_reference
+from benchmarks.yaml_file import YamlFileError, read_yaml
 from pfl_core.algorithms import METHODS
 from pfl_core.analysis import ANALYSIS_METRICS, parse_analyses
 from pfl_core.config import RunConfig, section_keys
@@ -398,9 +397,9 @@ def read_tuned(path: Path) -> dict:
     key, stamp = str(path.resolve()), (stat.st_mtime_ns, stat.st_size)
     if _TUNED_CACHE.get(key, (None,))[0] != stamp:
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise SuiteError(f"{path}: not valid YAML: {err}") from None
+            data = read_yaml(path) or {}
+        except YamlFileError as err:
+            raise SuiteError(str(err)) from None
         _check_keys(data, {"suite", "cells"}, str(path))
         for cid, methods in (data.get("cells") or {}).items():
             for method, profiles in (methods or {}).items():
@@ -516,6 +515,7 @@ def _parse_axis(raw: Any, where: str) -> Axis:
     for i, value in enumerate(values):
         if isinstance(value, dict):
             _check_keys(value, {"label", "set"}, f"{where}.values[{i}]", {"label"})
+            _check_label(value["label"], f"{where}.values[{i}].label")
             labels.append(str(value["label"]))
             settings.append(value.get("set") or {})
         else:
@@ -524,12 +524,19 @@ def _parse_axis(raw: Any, where: str) -> Axis:
             if not isinstance(value, (str, int, float)) or (isinstance(value, float) and not math.isfinite(value)):
                 raise SuiteError(f"{where}.values[{i}]: {value!r} is not a scalar; write a number or a name, or "
                                  f"{{label: <name>, set: {{{raw['key']}: <value>}}}}")
+            _check_label(value, f"{where}.values[{i}]")
             labels.append(str(value))
             settings.append({raw["key"]: value})
     if len(set(labels)) != len(labels):
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise SuiteError(f"{where}.values: duplicate label(s) {twice} in {labels}; list each value once")
     return Axis(str(raw["name"]), labels, settings)
+
+
+def _check_label(label: Any, where: str) -> None:
+    """An axis label names a cell in tables, ``--only`` and ``published``: a non-blank name or number."""
+    if label is None or not str(label).strip():
+        raise SuiteError(f"{where}: empty label {label!r}; write a name, e.g. 'fedavg' or 'alpha=0.5'")
 
 
 def _matches(cell: dict[str, str], when: dict) -> bool:
@@ -628,9 +635,9 @@ def load_suite(path: str | Path) -> Suite:
     if not path.exists():
         raise SuiteError(f"suite file {path} does not exist (see `pflbench list suites`)")
     try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SuiteError(f"{path}: not valid YAML: {err}") from None
+        raw = read_yaml(path)
+    except YamlFileError as err:
+        raise SuiteError(str(err)) from None
     _check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
     _check_metric(raw["metric"], path)
     _check_seeds(raw["seeds"], f"{path}: seeds")

@@ -118,7 +118,10 @@ def open_client(uri: str) -> MlflowClient:
     """An MLflow client of ``uri``. A SQLite store is created (its tables migrated) under an
     exclusive file lock beside the database, so two runners on a fresh store do not both migrate it."""
     if uri.startswith("sqlite:///"):
+        from benchmarks.store_faults import check_sqlite_store
+
         db = Path(uri[len("sqlite:///"):])
+        check_sqlite_store(db)  # a fault a user can make: one line, before MLflow's traceback
         db.parent.mkdir(parents=True, exist_ok=True)
         with open(db.parent / f".{db.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

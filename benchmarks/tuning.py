@@ -53,7 +53,6 @@ import datetime as _dt
 import fcntl
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +66,7 @@ from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
 from benchmarks.search_spaces import get_space
 from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
+from pfl_core.atomic_file import write_text
 
 DEFAULT_TRIALS = 20
 DEFAULT_SEEDS = (1000, 1001)
@@ -261,13 +261,14 @@ class Objective:
         return out
 
     def __call__(self, trial) -> float:
+        from benchmarks.claims import this_owner
+
+        # first, before the slow imports: a RUNNING trial of a dead owner is failed later
+        trial.set_user_attr("owner", this_owner())
         from pfl_core.config import RunConfig
         from pfl_core.experiment import run_experiment
         from pfl_core.federation import DivergenceError
 
-        from benchmarks.claims import this_owner
-
-        trial.set_user_attr("owner", this_owner())  # a RUNNING trial of a dead owner is failed later
         try:
             configs = self.configs(trial)
         except SuiteError as err:
@@ -337,18 +338,38 @@ def _finished(study: optuna.Study) -> int:
     return sum(not t.user_attrs.get("stale") for t in study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def fail_stale_trials(study: optuna.Study) -> int:
-    """Mark FAIL every RUNNING trial whose worker process died on this host (user attribute
-    ``owner``, :func:`benchmarks.claims.owner_dead`): kill -9 or Ctrl-C left it RUNNING. They get
-    ``failure_reason`` and ``stale``, do not count against the budget, and are logged to MLflow
-    like any finished trial. Return how many."""
-    from benchmarks.claims import owner_dead, this_owner
+OWNERLESS_STALE_S = 60.0
+"""Harness choice (issue 29, item 5): a RUNNING trial that never recorded its ``owner`` (a kill
+between Optuna creating the trial and the objective's first line) is stale once it started this
+many seconds ago; the same span as a run claim's lease (``benchmarks.claims.LEASE_S``), within which
+a live worker of another ``pflbench tune`` has long recorded its owner."""
 
-    stale = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-             if t.user_attrs.get("owner") and owner_dead(t.user_attrs["owner"])]
+
+def _stale_reason(trial: optuna.trial.FrozenTrial, ownerless_after_s: float) -> str | None:
+    """Why RUNNING ``trial`` is stale (its owner died on this host, or it has no owner and started
+    over ``ownerless_after_s`` ago), None while it may still be running."""
+    from benchmarks.claims import owner_dead
+
+    owner = trial.user_attrs.get("owner")
+    if owner:
+        return f"left RUNNING by {owner}, which died" if owner_dead(owner) else None
+    started = trial.datetime_start or _dt.datetime.now()
+    age = (_dt.datetime.now() - started).total_seconds()
+    return f"left RUNNING with no owner since {started:%H:%M:%S} ({age:.0f} s)" if age >= ownerless_after_s else None
+
+
+def fail_stale_trials(study: optuna.Study, ownerless_after_s: float | None = None) -> int:
+    """Mark FAIL every stale RUNNING trial (:func:`_stale_reason`): kill -9 or Ctrl-C left it
+    RUNNING. They get ``failure_reason`` and ``stale``, do not count against the budget, and are
+    logged to MLflow like any finished trial. Return how many."""
+    from benchmarks.claims import this_owner
+
+    after = OWNERLESS_STALE_S if ownerless_after_s is None else ownerless_after_s
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    stale = [(t, why) for t in running if (why := _stale_reason(t, after))]
     storage = study._storage
-    for trial in stale:
-        reason = f"stale: left RUNNING by {trial.user_attrs['owner']}, which died; failed by {this_owner()}"
+    for trial, why in stale:
+        reason = f"stale: {why}; failed by {this_owner()}"
         storage.set_trial_user_attr(trial._trial_id, "failure_reason", reason)
         storage.set_trial_user_attr(trial._trial_id, "stale", True)
         storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
@@ -569,18 +590,13 @@ def write_tuned(path: Path, suite_key: str, cid: str, method: str, profile: str,
     read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.seek(0)
-        data = yaml.safe_load(handle.read()) or {}
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:  # the file itself is replaced
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
         data["suite"] = suite_key
         entry = {"params": {k: _plain(v) for k, v in params.items()}, "provenance": _plain(provenance)}
         data.setdefault("cells", {}).setdefault(cid, {}).setdefault(method, {})[profile] = entry
-        handle.seek(0)
-        handle.truncate()
-        handle.write(TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
-        handle.flush()
-        os.fsync(handle.fileno())
+        write_text(path, TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
     return path
 
 

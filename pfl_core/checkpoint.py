@@ -8,13 +8,12 @@ torch/numpy/random generators. Evaluation contexts are rebuilt from the run seed
 evaluation, so they need nothing. A run resumed from a checkpoint therefore gives bit-identical
 numbers to an uninterrupted one on the same machine (tests/test_checkpoint.py).
 
-Files are written atomically (a temporary file, then ``os.replace``): a kill during a save leaves
+Files are written atomically (:func:`pfl_core.atomic_file.atomic_path`): a kill during a save leaves
 the previous checkpoint intact. Runs in lockstep are saved together at the same round; they resume
 only if every one of them has a checkpoint of the same round (else all start again).
 """
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pfl_core.atomic_file import atomic_path
 from pfl_core.batching import BatchStream
 
 FORMAT = 1
@@ -114,9 +114,8 @@ class Checkpointing:
                   "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
         for federation, path in zip(federations, self.paths):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            torch.save({**common, "federation": federation_state(federation)}, tmp)
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                torch.save({**common, "federation": federation_state(federation)}, tmp)
 
 
 def _to(value, device: torch.device):

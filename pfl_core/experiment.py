@@ -22,7 +22,7 @@ from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset, load_sources
 from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
-from pfl_core.data.federated import ArrayDataset, standardize
+from pfl_core.data.federated import ArrayDataset, FederatedData, standardize
 from pfl_core.engine import EXECUTIONS, Executor
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import Federation, run_lockstep
@@ -154,12 +154,9 @@ class RunSetup:
     """Where ``model.pretrained`` came from (stage-1 config hash and run, or a source)."""
 
 
-def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
-                pretrained: Provider | None = None) -> RunSetup:
-    """Load and partition the data, build the model (seeded, then loaded with the pretrained state
-    of ``model.pretrained`` from ``pretrained``, default :class:`InProcessPretraining`), the method
-    (``algorithm.pretrained``: that state) and the protocol."""
-    streams = RunStreams(cfg.seed)
+def run_data(cfg: RunConfig, streams: RunStreams, data_dir: str | None = None) -> tuple[ArrayDataset, FederatedData]:
+    """The dataset a run loads (standardized, subsampled) and its federation: partition, client
+    splits, held-out clients; on the CPU. Also the data step of the sweep's pre-flight."""
     d = cfg.data
     from_train = d.normalize == "pixel" and cfg.pixel_stats_from() == "train"
     dataset = load_run_dataset(cfg, data_dir)
@@ -190,6 +187,17 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
     if from_train:  # statistics of the training clients' train splits only (a tuning run)
         rows = torch.cat([fed.clients[c].splits["train"] for c in fed.train_clients])
         fed = replace(fed, dataset=standardize(fed.dataset, "pixel", rows=rows))
+    return dataset, fed
+
+
+def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
+                pretrained: Provider | None = None) -> RunSetup:
+    """Load and partition the data, build the model (seeded, then loaded with the pretrained state
+    of ``model.pretrained`` from ``pretrained``, default :class:`InProcessPretraining`), the method
+    (``algorithm.pretrained``: that state) and the protocol."""
+    streams = RunStreams(cfg.seed)
+    d = cfg.data
+    dataset, fed = run_data(cfg, streams, data_dir)
     fed = fed.to(dev)
 
     method_cls = METHODS.get(cfg.method.name)

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import io
 import math
+import os
 import sys
 import tempfile
 import traceback
@@ -69,6 +70,12 @@ class Case:
     """A word the message must contain: the key (or flag) at fault."""
     mutate: Callable[[dict], None] = lambda d: None
     args: list[str] = field(default_factory=list)
+    files: Callable[[Path, Path], None] | None = None
+    """Writes the case's files (``files(suite_path, data_dir)``) after the suite: a suite path that
+    is not a YAML file, or data files; the run then gets ``--data-dir data_dir``."""
+    store: str | None = None
+    """The store's SQLite file relative to the case's folder (default ``mlflow.db``); a store case
+    is answered well when the message names ``--tracking-uri`` instead of the suite file."""
 
 
 def _set(path: str, value) -> Callable[[dict], None]:
@@ -93,6 +100,66 @@ def _repeat_axis(d: dict) -> None:
 
 def _empty_grid(d: dict) -> None:
     d["grid"], d["published"] = [], []  # no published cell to trip over first
+
+
+def _write(content: bytes) -> Callable[[Path, Path], None]:
+    """Replace the suite file by ``content`` (a binary file, YAML with a repeated key)."""
+    return lambda path, data_dir: path.write_bytes(content)
+
+
+def _directory(path: Path, data_dir: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _repeated_key(path: Path, data_dir: Path) -> None:
+    text = path.read_text().replace("  federation:\n", "  federation:\n    rounds: 5\n", 1)
+    path.write_text(text)  # base.federation.rounds twice: 5 then 2
+
+
+def _mnist(labels=None, n_labels: int | None = None) -> Callable[[Path, Path], None]:
+    """MNIST idx files of 60 training images under ``data_dir`` with bad ``labels`` or a label file
+    of ``n_labels`` entries (images and labels disagree)."""
+    def write(path: Path, data_dir: Path) -> None:
+        import numpy as np
+        from fake_data import write_idx, write_mnist
+
+        write_mnist(data_dir, n_train=60, n_test=10)
+        raw = data_dir / "MNIST" / "raw"
+        if labels is not None:
+            write_idx(raw / "train-labels-idx1-ubyte", np.array(labels(60)))
+        if n_labels is not None:
+            write_idx(raw / "train-labels-idx1-ubyte", np.arange(n_labels) % 10)
+    return write
+
+
+def _damaged_store(path: Path, data_dir: Path) -> None:
+    """A SQLite file with a valid header whose schema page is overwritten."""
+    import sqlite3
+
+    db = path.parent / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    data = bytearray(db.read_bytes())
+    data[100:600] = b"\xff" * 500
+    db.write_bytes(bytes(data))
+
+
+def _read_only_store(path: Path, data_dir: Path) -> None:
+    import sqlite3
+
+    db = path.parent / "mlflow.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (x)")
+        conn.commit()
+    db.chmod(0o444)
+
+
+def _on_mnist(d: dict) -> None:
+    d["base"]["data"].update(dataset="mnist", num_clients=4, params={})
+    d["base"]["federation"]["clients_per_round"] = 2
+    d["grid"][0]["values"][0]["set"]["data.partition"]["min_size"] = 2
 
 
 CASES = [
@@ -154,11 +221,35 @@ CASES = [
     Case("negative dataset parameter", "size", _set("base.data.params.size", -28)),
     Case("unknown dataset parameter", "sise", _set("base.data.params", {"sise": 28})),
     Case("infinite fine-tuning lr", "lr", _set("base.evaluation.params.lr", math.inf)),
+    # issue 29, item 2: files that are not suites, data that is not data
+    Case("suite path is a directory", "directory", files=_directory),
+    Case("binary suite file", "UTF-8", files=_write(bytes(range(256)) * 4)),
+    Case("NUL bytes in the suite file", "binary", files=_write(b"paper: probe\x00\x00\n")),
+    Case("YAML key set twice", "rounds", files=_repeated_key),
+    Case("empty axis label", "label", _set("grid.0.values.0.label", "")),
+    Case("empty scalar axis value", "values", _set("grid.1.values", ["fedavg", ""])),
+    Case("idx label out of range", "train-labels-idx1-ubyte", _on_mnist,
+         files=_mnist(labels=lambda n: [(i * 16) % 170 for i in range(n)])),
+    Case("idx images and labels disagree", "train-labels-idx1-ubyte", _on_mnist, files=_mnist(n_labels=50)),
+    # issue 29, item 3: store faults
+    Case("corrupt SQLite store", "not a SQLite database", store="mlflow.db",
+         files=lambda path, data_dir: (path.parent / "mlflow.db").write_bytes(b"not a database\n" * 300)),
+    Case("SQLite store with a damaged page", "damaged", store="mlflow.db", files=_damaged_store),
+    Case("read-only SQLite store", "read-only", store="mlflow.db", files=_read_only_store),
+    Case("store folder is a file", "is a file", store="blocker/mlflow.db",
+         files=lambda path, data_dir: (path.parent / "blocker").write_text("a file\n")),
+    # issue 29, item 1: cells that load but cannot run
+    Case("unseen protocol without unseen clients", "evaluation.protocol", _set("base.data.unseen_fraction", 0)),
+    Case("zero local epochs", "local_epochs", _set("base.method.params.local_epochs", 0)),
+    Case("partition min_size the data cannot meet", "data.partition", _dir_partition(min_size=400)),
+    Case("real dataset without its files", "data.dataset", _set("base.data", {
+        "dataset": "mnist", "num_clients": 10, "unseen_fraction": 0.2, "client_splits": {"test": 0.2}}),
+        files=lambda path, data_dir: data_dir.mkdir(parents=True, exist_ok=True)),
 ]
 
 
 def _message_is_good(message: str, case: Case, suite_path: Path) -> bool:
-    where = "--" if case.args else str(suite_path)
+    where = "--" if case.args or case.store else str(suite_path)
     lines = [line for line in message.strip().splitlines() if line.strip()]
     last = lines[-1] if lines else ""
     return (where in last and case.key in last and "Traceback" not in message
@@ -183,9 +274,14 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "bad.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = f"sqlite:///{folder / (case.store or 'mlflow.db')}"
     argv = ["run", str(path), "--tracking-uri", uri, "--strict", "--report", "--out", str(folder / "reports"),
             *case.args]
+    saved = {k: os.environ.get(k) for k in ("PFL_DOWNLOAD", "PFL_DATA_DIR")}  # --data-dir sets PFL_DATA_DIR
+    if case.files is not None:
+        case.files(path, folder / "data")
+        argv += ["--data-dir", str(folder / "data")]
+        os.environ["PFL_DOWNLOAD"] = "0"  # a missing dataset is reported, never fetched by the probe
     if not run:
         argv.append("--dry-run")
     err = io.StringIO()
@@ -197,6 +293,8 @@ def classify(case: Case, folder: Path, run: bool = True) -> tuple[str, str]:
         except Exception:  # noqa: BLE001 - a traceback is a poor answer, recorded as such
             traceback.print_exc()
             rc = -1
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     message = err.getvalue()
     last = (message.strip().splitlines() or [""])[-1]
     if rc == 0:

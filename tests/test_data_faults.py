@@ -84,3 +84,44 @@ def test_intact_files_still_load_and_empty_folder_is_not_found(raw, tmp_path):
 
     with pytest.raises(DatasetNotFoundError):
         load_dataset("mnist", tmp_path / "elsewhere", "train", download=False)
+
+
+# -- issue 29, item 2: values a data file may not hold ----------------------------------------------
+def test_idx_label_outside_the_classes_is_named(raw):
+    labels = raw / "train-labels-idx1-ubyte"
+    write_idx(labels, np.array([0, 1, 2, 160, 4, 5, 6]))
+    message = _load_error(raw)
+    assert message.startswith(f"{labels}: label 160 of item 3 is outside the 10 classes")
+
+
+def test_cifar_pickle_labels_outside_the_classes(tmp_path, monkeypatch):
+    import pickle
+
+    from torchvision import datasets as tv
+
+    from fake_data import patch_cifar_md5, write_cifar10
+
+    md5s = write_cifar10(tmp_path, 4)
+    batch = tmp_path / "cifar-10-batches-py" / "test_batch"
+    entry = pickle.loads(batch.read_bytes())
+    entry["labels"] = [3, 12, 1, 0]
+    batch.write_bytes(pickle.dumps(entry))
+    md5s = {**md5s, "test_list": [["test_batch", __import__("hashlib").md5(batch.read_bytes()).hexdigest()]]}
+    patch_cifar_md5(tv.CIFAR10, md5s, monkeypatch)
+    with pytest.raises(DatasetFileError, match="test_batch: label 12 of item 1 is outside the 10 classes"):
+        load_dataset("cifar10", tmp_path, "test", download=False)
+
+
+def test_mini_imagenet_pickle_naming_missing_images(tmp_path):
+    import pickle
+
+    from fake_data import write_miniimagenet
+
+    write_miniimagenet(tmp_path)
+    path = next((tmp_path / "mini-imagenet").glob("*train.pkl"))
+    data = pickle.loads(path.read_bytes())
+    first = next(iter(data["class_dict"]))
+    data["class_dict"][first] = [0, 1, 10_000]
+    path.write_bytes(pickle.dumps(data))
+    with pytest.raises(DatasetFileError, match="lists images outside"):
+        load_dataset("miniimagenet", tmp_path, "train", download=False)

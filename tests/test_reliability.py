@@ -264,3 +264,39 @@ def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     assert "RUNNING" not in {r.info.status for r in runs}
     assert half.info.run_id not in {r.info.run_id for r in runs}
     assert result.n_complete + result.n_pruned + result.n_failed == 4
+
+
+def test_a_trial_killed_before_it_recorded_its_owner_is_failed_too(tmp_path):
+    """Issue 29, item 5: kill -9 between Optuna creating a trial (RUNNING) and the objective's first
+    line leaves a trial with no owner; a resumed study fails it once it is older than
+    ``OWNERLESS_STALE_S`` (a live worker records its owner at once), so none stays RUNNING. A
+    trial of a live owner is never failed."""
+    import optuna
+
+    from benchmarks.claims import this_owner
+    from benchmarks.tuning import OWNERLESS_STALE_S, fail_stale_trials
+
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
+    ownerless = study.ask()
+    alive = study.ask()
+    alive.set_user_attr("owner", this_owner())
+    assert OWNERLESS_STALE_S > 0 and fail_stale_trials(study) == 0  # it may be a live worker's new trial
+    assert fail_stale_trials(study, ownerless_after_s=0) == 1
+    states = {t.number: t for t in study.get_trials()}
+    assert states[ownerless.number].state.name == "FAIL"
+    assert states[ownerless.number].user_attrs["failure_reason"].startswith("stale: left RUNNING with no owner")
+    assert states[ownerless.number].user_attrs["stale"] is True
+    assert states[alive.number].state.name == "RUNNING"
+
+
+def test_the_objective_records_its_owner_before_anything_slow(monkeypatch):
+    """The window in which a kill leaves an owner-less trial is the objective's first statement."""
+    import ast
+    import inspect
+    import textwrap
+
+    from benchmarks.tuning import Objective
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(Objective.__call__))).body[0].body
+    first_calls = [node for node in body[:3] if isinstance(node, ast.Expr)]
+    assert first_calls and "set_user_attr" in ast.unparse(first_calls[0]) and "owner" in ast.unparse(first_calls[0])

@@ -13,6 +13,7 @@ from benchmarks.reporting.table import SuiteReport, build_suite_report
 from benchmarks.reporting.text import render_latex, render_markdown, tidy_csv
 from benchmarks.suite import Suite, load_suite
 from benchmarks.tracking import Tracker
+from pfl_core.atomic_file import atomic_path, write_text
 
 REPORTS_DIR = Path("reports")
 
@@ -44,14 +45,16 @@ def render_suite(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / suite.name
     md, csv, tex = stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_suffix(".tex")
-    md.write_text(render_markdown(report))
-    tidy_csv(report).to_csv(csv, index=False)
-    tex.write_text(render_latex(report))
+    write_text(md, render_markdown(report))
+    with atomic_path(csv) as tmp:
+        tidy_csv(report).to_csv(tmp, index=False)
+    write_text(tex, render_latex(report))
     figures = suite_figures(report)
     pngs = []
     for name, fig in figures.items():
         pngs.append(folder / f"{suite.name}_{name}.png")
-        fig.savefig(pngs[-1], dpi=110)
+        with atomic_path(pngs[-1]) as tmp:
+            fig.savefig(tmp, dpi=110)
         if not keep_figures:
             plt.close(fig)
     return RenderedSuite(report, md, csv, tex, pngs, figures if keep_figures else {})

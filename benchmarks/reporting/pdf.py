@@ -20,6 +20,7 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 from benchmarks.reporting import extras, fidelity, personalization, qualitative, summary  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
+from pfl_core.atomic_file import atomic_path  # noqa: E402
 
 PAGE = (11.69, 8.27)  # A4 landscape, inches
 ROWS_PER_PAGE = 24
@@ -240,9 +241,10 @@ def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[
     """Render the paper's PDF; return the page titles."""
     warnings = sorted({notice(r).replace("`", "") for r in reports if notice(r)})
     warning = " ".join(warnings) if warnings else ""
-    doc = ReportPdf(path, paper, warning)
-    summary_page(doc, paper, reports, warning)
-    for i, (report, figs) in enumerate(zip(reports, figures), start=1):
-        suite_section(doc, i, report, figs)
-    doc.close()
+    with atomic_path(path) as tmp:
+        doc = ReportPdf(tmp, paper, warning)
+        summary_page(doc, paper, reports, warning)
+        for i, (report, figs) in enumerate(zip(reports, figures), start=1):
+            suite_section(doc, i, report, figs)
+        doc.close()
     return doc.pages

@@ -23,6 +23,7 @@ from pfl_core.fields import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
+from pfl_core.data.integrity import check_labels
 from pfl_core.data.splits import seeded_random_split
 from pfl_core.registry import Registry
 
@@ -152,6 +153,10 @@ def _mnist_like(
 ) -> ArrayDataset:
     check_idx_folder(title, expected.parent, list(stems))  # a damaged file says what is wrong
     parts = _open_splits(make, title, data_dir, split, download, expected)
+    trains = (True, False) if split == "all" else (split == "train",)
+    for part, train in zip(parts, trains):
+        labels_file = expected.parent / f"{stems[0 if train else 1]}-labels-idx1-ubyte"
+        check_labels(part.targets, len(part.classes), len(part.data), labels_file)
     x = torch.cat([p.data for p in parts]).unsqueeze(1)
     if transpose:
         x = x.transpose(2, 3)
@@ -259,6 +264,7 @@ def _cifar(
         (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
                                title, data_dir, "train", download, expected)
         x, y = part.data, np.asarray(part.targets)
+        check_labels(y, len(part.classes), len(x), expected / "data_batch_1..5")
         rows = dict(zip(("train", "val"), train_val_split(len(y), val_size, val_seed))) if val_size \
             else {"train": np.arange(len(y))}
         for s in ("train", "val"):
@@ -268,6 +274,7 @@ def _cifar(
     if "test" in wanted:
         (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
                                title, data_dir, "test", download, expected)
+        check_labels(part.targets, len(part.classes), len(part.data), expected / "test_batch")
         xs.append(part.data)
         ys.append(np.asarray(part.targets))
     cut = f"; train/val = random_split({val_size} val) after torch.manual_seed({val_seed})" if val_size else ""

@@ -29,6 +29,7 @@ import torch
 
 from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, _open_splits, _torchvision_datasets
 from pfl_core.data.federated import ArrayDataset
+from pfl_core.data.idx import DatasetFileError
 
 NOVEL_SPLITS = ("train", "val", "test", "all")
 RAW_PIXELS = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}
@@ -65,7 +66,11 @@ def _read_mini(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
                                    f"has {MINI_CLASSES[split]}")
     labels = np.full(len(images), -1, dtype=np.int64)
     for k, name in enumerate(names):
-        labels[np.asarray(data["class_dict"][name], dtype=np.int64)] = MINI_LABEL_OFFSET[split] + k
+        rows = np.asarray(data["class_dict"][name], dtype=np.int64)
+        if ((rows < 0) | (rows >= len(images))).any():  # the pickle's labels and images disagree
+            raise DatasetFileError(f"{path}: class_dict[{name!r}] lists images outside the {len(images)} of "
+                                   f"'image_data'; replace the file with learn2learn's cache file")
+        labels[rows] = MINI_LABEL_OFFSET[split] + k
     if (labels < 0).any():
         raise DatasetNotFoundError(f"{path}: {int((labels < 0).sum())} images belong to no class of 'class_dict'")
     return images, labels

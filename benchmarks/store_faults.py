@@ -1,0 +1,52 @@
+"""Faults of a SQLite store found before MLflow opens it (issue 29, item 3), each a one-line
+:class:`~benchmarks.stores.StoreError` naming the store, the fault and the fix: a folder on the
+way that is a file, a database that is a directory or not a SQLite file (corrupt, truncated,
+overwritten), and a read-only database or folder (SQLite writes a journal beside the file)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+from benchmarks.stores import StoreError
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite 3 database file (sqlite.org/fileformat.html, 1.3)."""
+_FIX = "use another --tracking-uri (e.g. sqlite:///results/mlflow.db)"
+
+
+def _read_only(path: Path) -> bool:
+    """No write permission for this user, or every write bit cleared (a store made read-only on
+    purpose, which even root is not to write into)."""
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+
+
+def check_sqlite_store(db: Path) -> None:
+    """Raise :class:`StoreError` when SQLite database ``db`` cannot serve as a store."""
+    where = f"store {db}"
+    for parent in [*reversed(db.parents)]:
+        if parent.exists() and not parent.is_dir():
+            raise StoreError(f"{where}: {parent} is a file, not a folder; move it or {_FIX}")
+    if db.is_dir():
+        raise StoreError(f"{where}: is a directory, not a database file; {_FIX}")
+    folder = next((p for p in [db.parent, *db.parents] if p.exists()), None)
+    if folder is not None and _read_only(folder):
+        raise StoreError(f"{where}: folder {folder} is read-only (SQLite writes its journal there); make it "
+                         f"writable (chmod u+w) or {_FIX}")
+    if not db.exists() or db.stat().st_size == 0:
+        return
+    if _read_only(db):
+        raise StoreError(f"{where}: the database file is read-only; make it writable (chmod u+w) or {_FIX}")
+    with db.open("rb") as handle:
+        head = handle.read(len(SQLITE_HEADER))
+    if head != SQLITE_HEADER:
+        raise StoreError(f"{where}: not a SQLite database (corrupt or overwritten: its header is {head[:8]!r}); "
+                         f"restore it from a backup, move it away to start a new store, or {_FIX}")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as err:
+        raise StoreError(f"{where}: damaged SQLite database ({err}); restore it from a backup, move it away "
+                         f"to start a new store, or {_FIX}") from None
