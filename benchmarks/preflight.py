@@ -41,7 +41,7 @@ def check_data(suite: Suite, spec: RunSpec, data_dir: str | None) -> None:
     from pfl_core.config import RunConfig
     from pfl_core.evaluation import EvalConfig
     from pfl_core.experiment import run_data
-    from pfl_core.protocols import PROTOCOLS
+    from pfl_core.evaluation import PROTOCOLS
     from pfl_core.seeding import RunStreams
 
     cfg = RunConfig.from_dict(spec.config)

@@ -22,10 +22,9 @@ from pfl_core.data.federated import FederatedData
 from pfl_core.early_stopping import stop_round
 from pfl_core.engine import Executor, WorkItem
 from pfl_core.engine.augmentation import check_augmentable, make_train_augment
-from pfl_core.errors import DivergenceError
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
-from pfl_core.training import Params, all_finite
+from pfl_core.training import DivergenceError, Params, all_finite
 
 
 class ClientSampler:

@@ -24,6 +24,12 @@ from torch.utils._pytree import tree_map
 
 from pfl_core.models.kld_bn import RUNNING, Buffers, bn_mode, bn_names, forward_bn, has_bn_state
 
+
+class DivergenceError(RuntimeError):
+    """Training or evaluation fine-tuning produced a non-finite loss or parameters: the run FAILS;
+    its accuracy never reaches a table."""
+
+
 Params = dict[str, torch.Tensor]
 
 

@@ -22,7 +22,7 @@ from benchmarks.suite import TOP_KEYS, SuiteError, load_suite
 from bad_inputs import base_suite
 from conftest import write_suite
 from pfl_core.config import RunConfig, section_keys
-from pfl_core.errors import DivergenceError
+from pfl_core.training import DivergenceError
 from pfl_core.experiment import run_experiment
 
 VALUES = [-3, -1, 0, 1, 2, 3, -0.5, 0.0, 0.3, 0.9, 1.0, 1.5, math.nan, math.inf, "", "x", "${sed}",

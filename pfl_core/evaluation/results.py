@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pfl_core.errors import DivergenceError
+from pfl_core.training import DivergenceError
 
 
 @dataclass

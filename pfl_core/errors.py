@@ -1,7 +1,0 @@
-"""Errors shared by the training loop and the evaluation protocols."""
-from __future__ import annotations
-
-
-class DivergenceError(RuntimeError):
-    """Training or evaluation fine-tuning produced a non-finite loss or parameters: the run FAILS
-    (DESIGN.md, "Errors"); its accuracy never reaches a table."""
