@@ -132,9 +132,14 @@ def cmd_report(args, rendered: list | None = None) -> int:
     """Tables and figures of each named suite (or of every suite of ``--paper``), then one PDF
     per paper covering every suite of that paper's folder (each paper's
     :class:`~benchmarks.reporting.build.RenderedPaper` appended to ``rendered`` if given)."""
-    from benchmarks.reporting import paper_suites, render_paper, sibling_suites
+    from benchmarks.reporting import paper_suites, sibling_suites
+    from benchmarks.reporting.snapshot import SnapshotTracker
 
     paths = list(args.suites or [])
+    snapshot = None
+    if getattr(args, "from_snapshot", None):
+        snapshot = SnapshotTracker.load(Path(args.from_snapshot))
+        paths = paths or [str(SUITES_DIR / f"{snapshot.suite_key}.yaml")]
     if getattr(args, "paper", None):
         found = paper_suites(args.paper, SUITES_DIR)
         if not found:
@@ -143,6 +148,8 @@ def cmd_report(args, rendered: list | None = None) -> int:
     if not paths:
         raise SuiteError("report: name suite files or --paper PAPER")
     named = [load_suite(p) for p in dict.fromkeys(paths)]
+    if snapshot is not None:  # a snapshot renders its own suite alone: the other suites have no runs there
+        return _render(args, {named[0].paper: named}, named, snapshot, rendered)
     papers: dict[str, list] = {}
     loaded = {s.path.resolve(): s for s in named}
     for suite in named:
@@ -150,7 +157,15 @@ def cmd_report(args, rendered: list | None = None) -> int:
             bucket = papers.setdefault(member.paper, [])
             if all(member.key != m.key for m in bucket):
                 bucket.append(member)
-    tracker = _tracker(args)
+    return _render(args, papers, named, _tracker(args), rendered)
+
+
+def _render(args, papers: dict[str, list], named: list, tracker, rendered: list | None) -> int:
+    """Render every paper of ``papers`` from ``tracker`` (the store, or a snapshot)."""
+    from benchmarks.reporting import render_paper
+    from benchmarks.reporting.snapshot import SnapshotTracker, provenance_markdown
+    from pfl_core.atomic_file import write_text
+
     for paper, suites in papers.items():
         done = render_paper(paper, suites, tracker, args.profile, Path(args.out))
         if rendered is not None:
@@ -159,9 +174,27 @@ def cmd_report(args, rendered: list | None = None) -> int:
             if any(part.report.suite.key == s.key for s in named):
                 runs = int(part.report.table["n_seeds"].sum())
                 print(f"{part.report.suite.key} [{args.profile}]: {runs} finished runs -> {part.md}, {part.csv}")
+                if isinstance(tracker, SnapshotTracker):
+                    write_text(part.md.with_name(f"{part.md.stem}.provenance.md"), provenance_markdown(tracker, part.md))
         print(f"{paper} [{args.profile}]: {len(suites)} suite(s), {len(done.pages)} pages -> {done.pdf} "
               f"({done.seconds:.1f}s)")
     return 0
+
+
+def cmd_snapshot(args) -> int:
+    """Export the suite's finished runs with the provenance notes (benchmarks.reporting.snapshot)."""
+    from benchmarks.reporting.snapshot import export_snapshot
+
+    notes = {}
+    for note in args.note:
+        key, sep, value = note.partition("=")
+        if not sep or not key:
+            raise SuiteError(f"--note {note!r}: expected KEY=VALUE")
+        notes[key.strip()] = value.strip()
+    suite = load_suite(args.suite)
+    count = export_snapshot(suite, _tracker(args), Path(args.out), notes)
+    print(f"{suite.key}: {count} finished runs -> {args.out}")
+    return 0 if count else 1
 
 
 def cmd_tune(args) -> int:
@@ -285,7 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
     store_args(report)
     report.add_argument("--out", default="reports", help="output folder (default reports/)")
+    report.add_argument("--from-snapshot", default=None, metavar="FILE",
+                        help="render a committed snapshot (pflbench snapshot) instead of the store: its suite alone, "
+                             "with a provenance page beside the table")
     report.set_defaults(func=cmd_report)
+
+    snap = sub.add_parser("snapshot", help="export a suite's finished runs from the store to one JSON file that "
+                                           "`pflbench report --from-snapshot` renders without the store")
+    snap.add_argument("suite", help="path of a suite file")
+    store_args(snap)
+    snap.add_argument("--out", required=True, help="the snapshot file, e.g. reports/reproduced/cgpfl/table1.snapshot.json")
+    snap.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
+                      help="provenance to record (machine, command, data, wall-clock, ...); repeatable")
+    snap.set_defaults(func=cmd_snapshot)
 
     tune = sub.add_parser("tune", help="Optuna studies of a suite's methods on validation data; the best "
                                        "parameters go to <suite>.tuned.yml")

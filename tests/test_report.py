@@ -571,3 +571,23 @@ def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
     n_cells = len(reported["suite"].cells())
     assert f"method.lr=0.05 (default 0.001): {n_cells} cell(s)" in tiny
     assert f"method.local_epochs=1 (default 5): {n_cells} cell(s)" in tiny
+
+
+def test_a_snapshot_renders_the_same_table_as_its_store_without_the_store(reported, tmp_path, capsys):
+    """``pflbench snapshot`` exports a suite's runs to one JSON file; ``report --from-snapshot`` renders
+    it with the same report code and no store: the same Markdown and CSV, plus a provenance page."""
+    suite = reported["hand"]["curves"]
+    snap = tmp_path / "reproduced" / "hand" / "curves.snapshot.json"
+    assert main(["snapshot", str(suite.path), "--tracking-uri", reported["uri"], "--out", str(snap),
+                 "--note", "machine=test box", "--note", "data=hand-made"]) == 0
+    out = tmp_path / "rendered"
+    assert main(["report", str(suite.path), "--from-snapshot", str(snap), "--out", str(out)]) == 0
+    from_store = next(r for r in reported["hand_pdf"].suites if r.report.suite.key == suite.key)
+    assert (out / "hand" / "curves.md").read_text() == from_store.md.read_text()
+    assert (out / "hand" / "curves.csv").read_text() == from_store.csv.read_text()
+    assert (out / "hand.pdf").exists()
+    provenance = (out / "hand" / "curves.provenance.md").read_text()
+    assert "**machine**: test box" in provenance and "**data**: hand-made" in provenance
+    assert "7 finished, 2 failed" in provenance  # the hand-made store: 7 finished runs, one cell diverged twice
+    assert main(["snapshot", str(suite.path), "--tracking-uri", reported["uri"], "--out", str(snap),
+                 "--note", "no-equals-sign"]) == 2

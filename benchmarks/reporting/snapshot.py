@@ -1,0 +1,107 @@
+"""Curated snapshots of reproduced tables: a suite's finished runs, exported from the MLflow store to
+one JSON file that is committed (``reports/reproduced/<paper>/<suite>.snapshot.json``) and rendered
+later by the same report code, with no store and no rerun.
+
+A snapshot holds, per run, its tags (config hash, git commit, device, data provenance, ...), its
+final metrics and the metric histories its report reads, plus ``provenance``: what the exporter
+says about the whole (machine, command, wall-clock, data). :class:`SnapshotTracker` reads it back and
+answers the two questions the report asks of a :class:`benchmarks.tracking.Tracker` (the suite's
+runs; a run's metric history), so a snapshot renders exactly as the store it came from.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from benchmarks.reporting.metric import metric_spec
+from pfl_core.atomic_file import write_text
+from benchmarks.suite import Suite
+from benchmarks.tracking import Tracker
+
+FORMAT = 1
+
+
+def history_keys(suite: Suite) -> list[str]:
+    """The metric histories a suite's report reads (:func:`benchmarks.reporting.collect.collect_runs`)."""
+    metric = metric_spec(suite)
+    extra = (metric.curve_metric,) if metric.figure == "curves" else ()
+    return list(dict.fromkeys([*metric.history_keys, *extra]))
+
+
+def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None) -> int:
+    """Write the suite's cell runs (every profile; failed ones too, with their reasons) to ``path``;
+    returns how many finished."""
+    keys = history_keys(suite)
+    runs = []
+    for run in tracker.runs(suite.key, status=None):
+        if run.info.status not in ("FINISHED", "FAILED"):
+            continue  # claims and runs in progress are not results
+        histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
+                     for k in keys} if run.info.status == "FINISHED" else {}
+        runs.append({"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
+                     "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
+                     "metrics": dict(run.data.metrics), "histories": histories})
+    runs.sort(key=lambda r: (r["tags"].get("cell", ""), r["tags"].get("seed", ""), r["end_time"] or 0))
+    payload = {"format": FORMAT, "suite": suite.key, "provenance": provenance or {}, "runs": runs}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    return sum(r["status"] == "FINISHED" for r in runs)
+
+
+@dataclass
+class _Metric:
+    step: int
+    value: float
+    timestamp: int
+
+
+@dataclass
+class SnapshotTracker:
+    """A read-only stand-in for :class:`benchmarks.tracking.Tracker` over one snapshot file."""
+
+    suite_key: str
+    provenance: dict
+    records: list[dict] = field(repr=False)
+
+    @classmethod
+    def load(cls, path: Path) -> "SnapshotTracker":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{path}: snapshot format {data.get('format')!r}, this version reads {FORMAT}")
+        return cls(data["suite"], data.get("provenance") or {}, data["runs"])
+
+    @property
+    def client(self) -> "SnapshotTracker":
+        return self
+
+    def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str | None = None) -> list:
+        if suite_key != self.suite_key:
+            return []
+        return [SimpleNamespace(info=SimpleNamespace(run_id=r["run_id"], status=r["status"], end_time=r["end_time"]),
+                                data=SimpleNamespace(tags=r["tags"], metrics=r["metrics"]))
+                for r in self.records if status is None or r["status"] == status]
+
+    def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
+        record = next(r for r in self.records if r["run_id"] == run_id)
+        return [_Metric(*m) for m in record["histories"].get(key, [])]
+
+
+def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
+    """The snapshot's provenance as a short Markdown page beside its rendered table."""
+    lines = [f"# {tracker.suite_key}: reproduced runs (snapshot)", "",
+             f"Rendered from `{rendered_md.name.replace('.md', '.snapshot.json')}` by `pflbench report "
+             "--from-snapshot`, without rerunning anything; the table is "
+             f"[{rendered_md.name}]({rendered_md.name}).", ""]
+    for key, value in tracker.provenance.items():
+        lines.append(f"- **{key}**: {value}")
+    commits = sorted({r["tags"].get("git_commit", "unknown") for r in tracker.records})
+    devices = sorted({r["tags"].get("device", "") for r in tracker.records})
+    wall = sum(r["metrics"].get("wall_s", 0.0) for r in tracker.records)
+    finished = sum(r["status"] == "FINISHED" for r in tracker.records)
+    lines += [f"- **runs**: {finished} finished, {len(tracker.records) - finished} failed",
+              f"- **code commits of the runs**: {', '.join(commits)}",
+              f"- **devices**: {', '.join(d for d in devices if d) or 'unknown'}",
+              f"- **sum of the runs' wall-clock**: {wall / 3600:.2f} h ({wall:.0f} s)"]
+    return "\n".join(lines) + "\n"
