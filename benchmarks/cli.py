@@ -96,11 +96,13 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
                             executor=executor, execution=args.execution,
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                            deterministic=args.deterministic, command=getattr(args, "command_line", None))
+                            deterministic=args.deterministic, command=getattr(args, "command_line", None),
+                            reuse=not args.no_reuse)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
     elsewhere = f", {summary.elsewhere} left to another runner" if summary.elsewhere else ""
+    elsewhere += f", {summary.reused} reused from other suites" if summary.reused else ""
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped{elsewhere} of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.public_uri}")
@@ -259,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--deterministic", action="store_true",
                      help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
                           "deterministic=true); like --execution, never part of the config hash")
+    run.add_argument("--no-reuse", action="store_true",
+                     help="compute runs that another suite of the store already finished (same config hash) "
+                          "instead of copying them here with their provenance (tags reused_from.*)")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")
