@@ -73,15 +73,23 @@ def cmd_run(args) -> int:
 
 
 def dry_run(args, specs, tracker) -> int:
-    """``--dry-run``: each run's hash and whether the store holds it FINISHED; nothing runs."""
+    """``--dry-run``: each run's hash and whether the store holds it FINISHED, or (without
+    ``--no-reuse``) which other suite's run a sweep would copy for it; nothing runs."""
+    from benchmarks.reuse import find_sources, other_experiments
     from benchmarks.runner import pending_runs
 
     todo, done = pending_runs(specs, tracker)
+    sources = {} if args.no_reuse else find_sources(tracker, todo, specs[0].suite)
+    names = other_experiments(tracker, specs[0].suite) if sources else {}
     for spec in specs:
         state = "FINISHED" if spec.config_hash in done else "pending"
+        if spec.config_hash in sources:
+            source = sources[spec.config_hash]
+            state = f"reuse: copy of {names.get(source.info.experiment_id, '?')} run {source.info.run_id}"
         print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
               f"hash={spec.config_hash} {state}")
-    print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
+    reused = f", {len(sources)} of them copied from other suites" if sources else ""
+    print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run{reused}); "
           f"profile={args.profile}, store={tracker.public_uri}")
     return 0
 

@@ -206,6 +206,11 @@ def test_a_run_another_suite_finished_is_reused_unless_no_reuse(tmp_path, uri, c
     paths = {name: write_suite(tmp_path / f"{name}.yaml", {**tiny_suite_dict(), "name": name}) for name in "abc"}
     assert main(["run", str(paths["a"]), *one]) == 0
     assert "1 finished, 0 failed, 0 skipped of 1 runs" in capsys.readouterr().out
+    assert main(["run", str(paths["b"]), *one, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "reuse: copy of tiny/a run " in out and "(0 already FINISHED, 1 to run, 1 of them copied" in out
+    assert main(["run", str(paths["b"]), *one, "--dry-run", "--no-reuse"]) == 0
+    assert "(0 already FINISHED, 1 to run); " in capsys.readouterr().out
     assert main(["run", str(paths["b"]), *one]) == 0
     assert "0 finished, 0 failed, 0 skipped, 1 reused from other suites of 1 runs" in capsys.readouterr().out
     assert main(["run", str(paths["c"]), *one, "--no-reuse"]) == 0
