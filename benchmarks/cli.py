@@ -76,15 +76,23 @@ def cmd_run(args) -> int:
 
 
 def dry_run(args, specs, tracker) -> int:
-    """``--dry-run``: each run's hash and whether the store holds it FINISHED; nothing runs."""
+    """``--dry-run``: each run's hash and whether the store holds it FINISHED, or (without
+    ``--no-reuse``) which other suite's run a sweep would copy for it; nothing runs."""
+    from benchmarks.reuse import find_sources, other_experiments
     from benchmarks.runner import pending_runs
 
     todo, done = pending_runs(specs, tracker)
+    sources = {} if args.no_reuse else find_sources(tracker, todo, specs[0].suite)
+    names = other_experiments(tracker, specs[0].suite) if sources else {}
     for spec in specs:
         state = "FINISHED" if spec.config_hash in done else "pending"
+        if spec.config_hash in sources:
+            source = sources[spec.config_hash]
+            state = f"reuse: copy of {names.get(source.info.experiment_id, '?')} run {source.info.run_id}"
         print(f"{spec.cell_id:50s} method={spec.method:12s} seed={spec.seed:<3d} "
               f"hash={spec.config_hash} {state}")
-    print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run); "
+    reused = f", {len(sources)} of them copied from other suites" if sources else ""
+    print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run{reused}); "
           f"profile={args.profile}, store={tracker.public_uri}")
     return 0
 
@@ -99,11 +107,13 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
                             executor=executor, execution=args.execution,
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                            deterministic=args.deterministic, command=getattr(args, "command_line", None))
+                            deterministic=args.deterministic, command=getattr(args, "command_line", None),
+                            reuse=not args.no_reuse)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
     elsewhere = f", {summary.elsewhere} left to another runner" if summary.elsewhere else ""
+    elsewhere += f", {summary.reused} reused from other suites" if summary.reused else ""
     print(f"{suite.key} [{args.profile}]: {summary.finished} finished, {summary.failed} failed, "
           f"{summary.skipped} skipped{elsewhere} of {summary.total} runs in {summary.wall_s:.1f}s; "
           f"store: {tracker.public_uri}")
@@ -295,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--deterministic", action="store_true",
                      help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
                           "deterministic=true); like --execution, never part of the config hash")
+    run.add_argument("--no-reuse", action="store_true",
+                     help="compute runs that another suite of the store already finished (same config hash) "
+                          "instead of copying them here with their provenance (tags reused_from.*)")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit (after the pre-flight)")
     run.add_argument("--no-data-check", action="store_true",
                      help="skip the pre-flight's data step (load, partition and protocol clients of every cell, "

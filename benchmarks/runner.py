@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from benchmarks.suite import RunSpec, Suite, SuiteError
 from benchmarks.claims import LEASE_S, ClaimBook
 from benchmarks.lifecycle import Interrupted, signals_held, signals_interrupt, worker_init
+from benchmarks.reuse import reuse_finished
 from benchmarks.tracking import Tracker, command_line, git_state
 from benchmarks.stages import Resolution, resolve_stage1, sweep_tags
 from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, WorkerArgs, execute_specs, ready
@@ -64,6 +65,9 @@ class SweepSummary:
     pretrained_trained: int = 0
     """Distinct stage-1 models this sweep trained (each once) before its runs."""
     pretrained_failed: int = 0
+    reused: int = 0
+    """Runs FINISHED in another suite of the store (same config hash), copied here with their
+    provenance instead of computed (:mod:`benchmarks.reuse`); not counted in ``finished``."""
 
 
 class ExecutorError(SuiteError):
@@ -386,7 +390,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
               lockstep_seeds: bool = False, lease_s: float = LEASE_S,
               checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
-              deterministic: bool = False, command: str | None = None) -> SweepSummary:
+              deterministic: bool = False, command: str | None = None, reuse: bool = True) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
     of this call's parent run (``command``, default this process's command line, is the source of
     both; :meth:`benchmarks.tracking.Tracker.start_sweep`).
@@ -401,6 +405,10 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     ``checkpoint_every`` N > 0 saves each run's state every N rounds under ``checkpoint_dir``
     (default :func:`default_checkpoint_dir`), keyed by config hash; a run that finds its
     checkpoint resumes from it (tag ``resumed_from_round``).
+
+    With ``reuse`` (``pflbench run``'s default; ``--no-reuse`` turns it off) a pending run whose
+    config hash FINISHED in another suite's experiment of the store is copied here with its
+    provenance instead of computed (:mod:`benchmarks.reuse`).
 
     Runs with a stage-1 ``model.pretrained`` start once every distinct stage 1 they need is
     resolved: reused from the ``pretraining`` experiment by its config hash, or trained once by the
@@ -429,7 +437,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     command = command or command_line()
     parent = tracker.start_sweep(suite, specs[0].profile if specs else "", command, git)
     claims.own_sweep(parent)
-    finished = failed = elsewhere = 0
+    finished = failed = elsewhere = reused = 0
     held: dict[str, str] = {}  # config hash -> run id of our claim
     shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
     by_hash = {spec.config_hash: spec for spec in todo}
@@ -477,6 +485,10 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     try:
         with signals_interrupt() as guard:
             shield = guard.shielded
+            if reuse and todo:
+                todo, reused, taken = reuse_finished(todo, tracker, claims, meta, git, parent, command, echo)
+                elsewhere += taken
+                bar.update(reused + taken)
             resolution = resolve_stage1(todo, tracker, executor, states_dir, worker_args, meta, git, command,
                                         sweep_tags(suite.key, parent), lease_s, echo)
             pretrained = resolution.provider
@@ -505,10 +517,11 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         claims.close()
         bar.close()
         shutil.rmtree(states_dir, ignore_errors=True)
-        counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed}
+        counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed, "reused": reused}
         tracker.end_sweep(parent, counts, interrupted)
     if elsewhere:
         echo(f"{suite.key}: {elsewhere} run(s) claimed or finished by another runner, left to it")
     return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, elsewhere=elsewhere,
                         parent_run_id=parent, pretrained_reused=resolution.reused,
-                        pretrained_trained=resolution.trained, pretrained_failed=resolution.failed)
+                        pretrained_trained=resolution.trained, pretrained_failed=resolution.failed,
+                        reused=reused)

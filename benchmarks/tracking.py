@@ -258,14 +258,18 @@ class Tracker:
             run_id = self.client.create_run(exp, start_time=int(outcome["started"] * 1000), tags=tags).info.run_id
         else:
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        params = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in flatten(spec.config).items()]
-        for start in range(0, len(params), PARAM_BATCH):  # a stage-2 config holds its stage 1's keys too
-            self.client.log_batch(run_id, params=params[start:start + PARAM_BATCH])
+        self.log_params(run_id, spec)
         self._log_metrics(run_id, outcome)
         self._log_artifacts(run_id, spec, outcome)
         status = "FAILED" if "error" in outcome else "FINISHED"
         self.client.set_terminated(run_id, status=status, end_time=int(outcome["ended"] * 1000))
         return run_id
+
+    def log_params(self, run_id: str, spec: RunSpec) -> None:
+        """The run's params: its flattened config (values cut at MLflow's length limit)."""
+        params = [Param(k, v[:PARAM_VALUE_LIMIT]) for k, v in flatten(spec.config).items()]
+        for start in range(0, len(params), PARAM_BATCH):  # a stage-2 config holds its stage 1's keys too
+            self.client.log_batch(run_id, params=params[start:start + PARAM_BATCH])
 
     def start_sweep(self, suite: Suite, profile: str, command: str, git: tuple[str, bool]) -> str:
         """Open the parent run of one ``pflbench run`` invocation and return its id; its cell runs are

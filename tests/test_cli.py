@@ -196,3 +196,27 @@ def test_strict_with_report_still_fails(tmp_path, uri, capsys):
                "--out", str(tmp_path / "rep")])
     assert "0 finished, 1 failed" in capsys.readouterr().out
     assert rc == 1
+
+
+def test_a_run_another_suite_finished_is_reused_unless_no_reuse(tmp_path, uri, capsys):
+    """Same cell in suites a and b: b copies a's run (printed, counted); --no-reuse computes it."""
+    (tmp_path / "store").mkdir()
+    one = ["--profile", "smoke", "--tracking-uri", uri, "--device", "cpu", "--only", "setting=dir",
+           "--only", "method=fedavg", "--seeds", "0"]
+    paths = {name: write_suite(tmp_path / f"{name}.yaml", {**tiny_suite_dict(), "name": name}) for name in "abc"}
+    assert main(["run", str(paths["a"]), *one]) == 0
+    assert "1 finished, 0 failed, 0 skipped of 1 runs" in capsys.readouterr().out
+    assert main(["run", str(paths["b"]), *one, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "reuse: copy of tiny/a run " in out and "(0 already FINISHED, 1 to run, 1 of them copied" in out
+    assert main(["run", str(paths["b"]), *one, "--dry-run", "--no-reuse"]) == 0
+    assert "(0 already FINISHED, 1 to run); " in capsys.readouterr().out
+    assert main(["run", str(paths["b"]), *one]) == 0
+    assert "0 finished, 0 failed, 0 skipped, 1 reused from other suites of 1 runs" in capsys.readouterr().out
+    assert main(["run", str(paths["c"]), *one, "--no-reuse"]) == 0
+    assert "1 finished, 0 failed, 0 skipped of 1 runs" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=uri)
+    reused = {e.name: [r.data.tags.get("reused_from.experiment") for r in client.search_runs([e.experiment_id])
+                       if r.data.tags.get("run_kind") == "cell"] for e in client.search_experiments()
+              if e.name != "Default"}
+    assert reused == {"tiny/a": [None], "tiny/b": ["tiny/a"], "tiny/c": [None]}

@@ -496,13 +496,14 @@ def test_rerun_after_failure_replaces_the_failed_run(reported, tmp_path, suite_d
         return real(cfg, **kwargs)
 
     monkeypatch.setattr(worker, "run_experiment", seed1_fails)
-    run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    # reuse=False: the module's store holds these configurations (tiny/mini), which would be copied
+    run_sweep(suite, specs, tracker, device="cpu", echo=quiet, reuse=False)
     _, _, before = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r1")
     row = row_of(before, "iid", "local")
     assert (row["n_seeds"], row["failed"], row["verdict"]) == (len(specs) - 1, 1, "partial")
 
     monkeypatch.setattr(worker, "run_experiment", real)
-    run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    run_sweep(suite, specs, tracker, device="cpu", echo=quiet, reuse=False)
     _, _, after = write_report(suite, tracker, "smoke", out_dir=tmp_path / "r2")
     row = row_of(after, "iid", "local")
     assert (row["n_seeds"], row["failed"], row["failure_reason"]) == (len(specs), 0, "")

@@ -145,8 +145,9 @@ def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted
     assert min(global_acc) > own_init.metrics["acc"] + 0.2  # trained weights, not the model's own init
 
     # the same sweep again: nothing to run, no stage 1; another suite naming the same stage 1 reuses it
+    # (--no-reuse: with reuse its four runs, the same configurations, would be copied, benchmarks.reuse)
     assert sweep(suite, tracker).pretrained_trained == 0
-    other = sweep(write(tmp_path, "stages_b"), tracker)
+    other = sweep(write(tmp_path, "stages_b"), tracker, reuse=False)
     assert (other.finished, other.pretrained_trained, other.pretrained_reused) == (4, 0, 1)
     assert len(pretraining_runs(tracker)) == 1
 

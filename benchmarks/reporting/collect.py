@@ -2,7 +2,9 @@
 
 Runs are selected by config hash, not by tag: a run of an older version of the suite (edited since)
 is left out, and a run shared with another profile (same resolved config, skipped by the runner) is
-counted. A run re-executed after a failure appears twice; the newest per config hash is kept.
+counted. A run re-executed after a failure appears twice; the newest per config hash is kept. A run
+copied from another suite of the store (:mod:`benchmarks.reuse`) carries its source run and
+experiment (``reused_from``, ``reused_from_experiment``; empty for a run computed here).
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import math
 import pandas as pd
 
 from benchmarks.reporting.metric import MetricSpec
+from benchmarks.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.tracking import Tracker
 
 COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "config_hash",
-           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients"]
+           "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients",
+           "reused_from", "reused_from_experiment"]
 
 
 def history(tracker: Tracker, run_id: str, key: str) -> dict[int, float]:
@@ -70,6 +74,7 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
             "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
             "device": tags.get("device", ""), "run_id": run.info.run_id, "histories": hists,
             "short_train_clients": run.data.metrics.get("short_train_clients", math.nan),
+            "reused_from": tags.get(SOURCE_RUN, ""), "reused_from_experiment": tags.get(SOURCE_EXPERIMENT, ""),
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
     return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)

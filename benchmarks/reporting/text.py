@@ -169,9 +169,29 @@ def code_reference_legend(report: SuiteReport) -> list[str]:
     return lines
 
 
+def reuse_legend(report: SuiteReport) -> list[str]:
+    """Which runs this suite did not compute: copies of another suite's runs of the same config hash
+    (:mod:`benchmarks.reuse`), grouped by source experiment, each cell with its seeds."""
+    runs = report.runs
+    if runs.empty or "reused_from" not in runs:
+        return []
+    reused = runs[runs["reused_from"] != ""]
+    if reused.empty:
+        return []
+    parts = []
+    for experiment, group in reused.groupby("reused_from_experiment", sort=True):
+        cells = "; ".join(f"{cell} seed{'s' * (len(g) > 1)} {','.join(str(s) for s in sorted(g['seed']))}"
+                          for cell, g in group.groupby("cell", sort=False))
+        parts.append(f"{len(group)} from `{experiment or 'another experiment'}` ({cells})")
+    return [f"- **reused**: {len(reused)} of {len(runs)} runs were not computed for this suite: the same "
+            f"configuration (config hash) had finished in another suite of the store, and its run was copied "
+            f"here with its metrics and provenance (tags `reused_from.run_id`, `reused_from.experiment`): "
+            + "; ".join(parts) + "."]
+
+
 #: footnotes under the table, in order; each takes the report and returns Markdown lines
 LEGEND_PARTS: list[Callable[[SuiteReport], list[str]]] = [verdict_legend, code_reference_legend, tuned_legend,
-                                                          marks_legend]
+                                                          marks_legend, reuse_legend]
 
 
 def legend_lines(report: SuiteReport) -> list[str]:
