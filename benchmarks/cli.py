@@ -96,7 +96,8 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
                             executor=executor, execution=args.execution,
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
-                            deterministic=args.deterministic, command=getattr(args, "command_line", None))
+                            deterministic=args.deterministic, command=getattr(args, "command_line", None),
+                            allow_tf32=args.allow_tf32)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
@@ -259,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--deterministic", action="store_true",
                      help="PyTorch deterministic algorithms and CUBLAS_WORKSPACE_CONFIG in every worker (tagged "
                           "deterministic=true); like --execution, never part of the config hash")
+    run.add_argument("--allow-tf32", action="store_true",
+                     help="let CUDA matmuls and cuDNN convolutions use TF32 (default off: GPU numbers then agree "
+                          "with the CPU to float32 rounding; tagged allow_tf32); never part of the config hash")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")
@@ -335,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):
         os.environ["PFL_DATA_DIR"] = args.data_dir
+    if getattr(args, "deterministic", False):  # before any CUDA call here, inherited by every worker process
+        from pfl_core.seeding import CUBLAS_WORKSPACE
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     try:
         return args.func(args)
     except (SuiteError, StoreError) as err:
