@@ -316,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-write", action="store_true", help="do not write the tuned-parameters file")
     tune.set_defaults(func=cmd_tune)
 
+    check = sub.add_parser("gpu-check", help="check the GPU path and write reports/gpu/<device>.md (dry mode "
+                                             "without CUDA: the CPU steps, and which steps need a GPU)")
+    from benchmarks.gpu_check import add_arguments, cmd_gpu_check
+
+    add_arguments(check)
+    check.set_defaults(func=cmd_gpu_check)
+
     lst = sub.add_parser("list", help="list registered components or suite files")
     lst.add_argument("what", choices=["methods", "datasets", "models", "partitioners", "protocols", "suites"])
     lst.set_defaults(func=cmd_list)

@@ -8,10 +8,12 @@ synchronisations per round are held to :data:`SYNC_BUDGET`, so a new sync is a f
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
 import torch
+from torch.utils._pytree import tree_map
 
 from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig, RunConfig
@@ -52,25 +54,27 @@ SYNC_BUDGET = {
 SLOW = {"fedavg-bn"}
 
 
-def _float32(fed):
+def _as(fed, dtype):
     dataset = fed.dataset
-    x = dataset.x.float() if dataset.x.is_floating_point() else dataset.x
+    x = dataset.x.to(dtype) if dataset.x.is_floating_point() else dataset.x
     return dataclasses.replace(fed, dataset=dataclasses.replace(dataset, x=x))
 
 
-def guarded_run(name: str, execution: str, guard: DeviceGuard | None = None, plant=None):
-    """Case ``name`` in float32 for ``ROUNDS`` rounds then one evaluation, on the stand-in device
-    under ``guard`` (None: plain CPU); returns (server state on the host, round losses)."""
+def run_case(name: str, execution: str, device=torch.device("cpu"), dtype=torch.float32,
+             guard: DeviceGuard | None = None, plant=None):
+    """Case ``name`` in ``dtype`` on ``device`` for ``ROUNDS`` rounds of 3 of 5 equal clients, then
+    one evaluation; on the stand-in device under ``guard``, each round and the evaluation a phase of
+    its own, ``plant`` (a test's wrapper) around the method's ``local_update``. Returns (server
+    state on the host, round losses, evaluation accuracies)."""
     method, hp, model_fn, data_fn = CASES[name]
-    fed = _float32(data_fn((8, 8, 8, 8, 8)))
+    fed = _as(data_fn((8, 8, 8, 8, 8)), dtype)
     torch.manual_seed(0)
-    model = model_fn().float()
-    device = STAND_IN if guard is not None else torch.device("cpu")
+    model = model_fn().to(dtype)
     cfg = FederationConfig(rounds=ROUNDS + 1, clients_per_round=3, batch_size=4)
     protocol = SeenClients(EvalConfig(steps=2, lr=0.1, reduction="sample"))
     executor = Executor(execution)
-    guard = guard or DeviceGuard()
-    with guard if device == STAND_IN else _nothing():
+    guard = guard or DeviceGuard(dtype)
+    with guard if device == STAND_IN else contextlib.nullcontext():
         fed, model = fed.to(device), model.to(device)
         cls = METHODS.get(method)
         algorithm = cls(model, cls.hyper_class.from_dict(hp))
@@ -81,16 +85,16 @@ def guarded_run(name: str, execution: str, guard: DeviceGuard | None = None, pla
             with guard.phase(f"round {round_idx}"):
                 lockstep_round([federation], executor, round_idx)
         with guard.phase("evaluation"):
-            federation.evaluate(executor)
-    return to_host(federation.server), [row["train_loss"] for row in federation.result.history]
+            evaluation = federation.evaluate(executor)
+    host = tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, to_host(federation.server))
+    accuracies = [acc for client in evaluation.clients for acc in client.acc]
+    return host, [row["train_loss"] for row in federation.result.history], accuracies
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def guarded_run(name: str, execution: str, guard: DeviceGuard | None = None, plant=None):
+    """:func:`run_case` in float32 on the stand-in device under ``guard`` (None: on the CPU)."""
+    device = STAND_IN if guard is not None else torch.device("cpu")
+    return run_case(name, execution, device, torch.float32, guard, plant)
 
 
 def budget_of(guard: DeviceGuard) -> tuple[int, int]:
@@ -104,12 +108,13 @@ GUARDED = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name 
 @pytest.mark.parametrize("name", GUARDED)
 def test_the_gpu_path_has_no_mismatch_no_client_sync_and_its_sync_budget(name, execution):
     guard = DeviceGuard(torch.float32)
-    server, losses = guarded_run(name, execution, guard)
+    server, losses, accuracies = guarded_run(name, execution, guard)
     assert guard.violations == [], guard.violations
     assert budget_of(guard) == SYNC_BUDGET[name][execution], (
         f"{name} ({execution}): host syncs (per round, per evaluation) changed; h2d copies {dict(guard.h2d)}")
-    reference, reference_losses = guarded_run(name, execution)  # the same run on the CPU itself
+    reference, reference_losses, reference_accuracies = guarded_run(name, execution)  # the same run on the CPU
     assert losses == pytest.approx(reference_losses, rel=1e-5)
+    assert accuracies == pytest.approx(reference_accuracies, abs=1e-6)
     for key in ("params",):
         if key in reference:
             for k, v in reference[key].items():
