@@ -142,6 +142,8 @@ class DeviceGuard(TorchDispatchMode):
         self.violations: list[tuple[str, str, str]] = []
         self.syncs: Counter = Counter()
         self.h2d: Counter = Counter()
+        self.sync_sites: Counter = Counter()
+        """``(phase, where)`` of every synchronisation: what a budget's failure message lists."""
         self.current = "setup"
         self.in_client_step = 0
 
@@ -183,6 +185,7 @@ class DeviceGuard(TorchDispatchMode):
         if self.in_client_step:
             self._flag("sync in client step", func)
         self.syncs[self.current] += 1
+        self.sync_sites[self.current, _where()] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
