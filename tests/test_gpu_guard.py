@@ -183,15 +183,17 @@ def _config(method: str, params: dict) -> RunConfig:
     })
 
 
-@pytest.mark.parametrize("method, params", [("fedavg_ft", {"lr": 0.05, "local_steps": 2})])
-def test_an_end_to_end_run_on_the_stand_in_device(method, params, monkeypatch):
+@pytest.mark.parametrize("method, params, execution", [
+    ("fedavg_ft", {"lr": 0.05, "local_steps": 2}, "batched"),
+    ("ditto", {"lr": 0.05, "personal_steps": 2, "global_steps": 2}, "sequential")])
+def test_an_end_to_end_run_on_the_stand_in_device(method, params, execution, monkeypatch):
     guard = DeviceGuard(torch.float32)
     cls = METHODS.get(method)
     monkeypatch.setattr(cls, "local_update", guard.client_step(cls.local_update))
     cfg = _config(method, params)
     with guard:
-        result = run_experiment(cfg, device=str(STAND_IN), execution="batched")
+        result = run_experiment(cfg, device=str(STAND_IN), execution=execution)
     assert guard.violations == []
     assert result.info["device"] == "meta"
-    reference = run_experiment(cfg, device="cpu", execution="batched")
+    reference = run_experiment(cfg, device="cpu", execution=execution)
     assert result.metrics == pytest.approx(reference.metrics, rel=1e-5, abs=1e-6)
