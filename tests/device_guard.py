@@ -256,8 +256,8 @@ class DeviceGuard(TorchDispatchMode):
 #: a module moved into a package of that name still matches) or the function that does it (the
 #: innermost project frame); any other float64 device tensor in a float32 run is a violation
 FLOAT64_ALLOWED = {
-    "pfl_core/optim": "Adam's step count and bias corrections (0-d), float64 as torch.optim.Adam's host "
-                         "floats (its non-capturable form)",
+    "pfl_core/algorithms/_lib/optim": "Adam's step count and bias corrections (0-d), float64 as "
+                                      "torch.optim.Adam's host floats (its non-capturable form)",
     "pfl_core/evaluation": "the batched evaluation's per-client loss and accuracy sums (steps x clients)",
     "pfl_core/algorithms/apfl": "APFL's mixing weight alpha, a float64 scalar per client (the reference code's "
                                 "Python float)",

@@ -18,7 +18,8 @@ from torch.utils._pytree import tree_map
 from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig, RunConfig
 from pfl_core.engine import Executor
-from pfl_core.evaluation import EvalConfig, SeenClients
+from pfl_core.evaluation import EvalConfig
+from pfl_core.evaluation.clients import SeenClients
 from pfl_core.experiment import run_experiment
 from pfl_core.federation import Federation, lockstep_round
 from pfl_core.seeding import RunStreams
