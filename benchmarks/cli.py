@@ -108,7 +108,7 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
                             deterministic=args.deterministic, command=getattr(args, "command_line", None),
-                            reuse=not args.no_reuse)
+                            reuse=not args.no_reuse, allow_tf32=args.allow_tf32)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-reuse", action="store_true",
                      help="compute runs that another suite of the store already finished (same config hash) "
                           "instead of copying them here with their provenance (tags reused_from.*)")
+    run.add_argument("--allow-tf32", action="store_true",
+                     help="let CUDA matmuls and cuDNN convolutions use TF32 (default off: GPU numbers then agree "
+                          "with the CPU to float32 rounding; tagged allow_tf32); never part of the config hash")
     run.add_argument("--dry-run", action="store_true", help="list the expanded runs and exit (after the pre-flight)")
     run.add_argument("--no-data-check", action="store_true",
                      help="skip the pre-flight's data step (load, partition and protocol clients of every cell, "
@@ -376,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-write", action="store_true", help="do not write the tuned-parameters file")
     tune.set_defaults(func=cmd_tune)
 
+    check = sub.add_parser("gpu-check", help="check the GPU path and write reports/gpu/<device>.md (dry mode "
+                                             "without CUDA: the CPU steps, and which steps need a GPU)")
+    from benchmarks.gpu_check import add_arguments, cmd_gpu_check
+
+    add_arguments(check)
+    check.set_defaults(func=cmd_gpu_check)
+
     lst = sub.add_parser("list", help="list registered components or suite files")
     lst.add_argument("what", choices=["methods", "datasets", "models", "partitioners", "protocols", "suites"])
     lst.set_defaults(func=cmd_list)
@@ -399,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):
         os.environ["PFL_DATA_DIR"] = args.data_dir
+    if getattr(args, "deterministic", False):  # before any CUDA call here, inherited by every worker process
+        from pfl_core.seeding import CUBLAS_WORKSPACE
+
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     try:
         return args.func(args)
     except (SuiteError, StoreError) as err:

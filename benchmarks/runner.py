@@ -390,7 +390,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
               executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
               lockstep_seeds: bool = False, lease_s: float = LEASE_S,
               checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
-              deterministic: bool = False, command: str | None = None, reuse: bool = True) -> SweepSummary:
+              deterministic: bool = False, command: str | None = None, reuse: bool = True,
+              allow_tf32: bool = False) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
     of this call's parent run (``command``, default this process's command line, is the source of
     both; :meth:`benchmarks.tracking.Tracker.start_sweep`).
@@ -441,7 +442,8 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     held: dict[str, str] = {}  # config hash -> run id of our claim
     shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
     by_hash = {spec.config_hash: spec for spec in todo}
-    worker_args = WorkerArgs(device, data_dir, executor.threads, executor.in_process, execution, plan, deterministic)
+    worker_args = WorkerArgs(device, data_dir, executor.threads, executor.in_process, execution, plan, deterministic,
+                             allow_tf32)
     pretrained = None  # the stage-1 states (benchmarks.stages), resolved before any run is claimed
     states_dir = Path(tempfile.mkdtemp(prefix="pflbench-pretrained-"))
     resolution = Resolution(None)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from pfl_core.engine.device import configure_device, device_info, synchronize
 from pfl_core.algorithms import METHODS
 from pfl_core.atomic_file import atomic_path
 from pfl_core.config import FederationConfig
@@ -109,8 +110,8 @@ def build(w: Workload, device: torch.device, seed: int) -> Federation:
 
 
 def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    """Wait for ``device`` itself (``cuda:1`` too, not the current device)."""
+    synchronize(device)
 
 
 def step_once(federations: list[Federation], executor: Executor, w: Workload, round_idx: int) -> None:
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="seeds in lockstep for the 'batched xK' path (1: off)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--csv", default=None, help="also write the table to this CSV file")
+    parser.add_argument("--allow-tf32", action="store_true", help="TF32 matmuls and convolutions on CUDA (default off)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -171,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     print("random pixels with the shapes of each cell (timing only); torch", torch.__version__)
     for device_name in devices:
         device = torch.device(device_name)
+        configure_device(device, args.allow_tf32)
+        info = device_info(device)
         reference = matmul_gflops(device)
-        print(f"\n{device_name}: fp32 matmul {reference:.0f} GFLOP/s, torch threads {torch.get_num_threads()}")
+        print(f"\n{device_name} ({info['device_name']}, CUDA {info['cuda_version'] or '-'}, TF32 "
+              f"{'on' if info['allow_tf32'] else 'off'}): fp32 matmul {reference:.0f} GFLOP/s, torch threads "
+              f"{torch.get_num_threads()}")
         print(header)
         for w in chosen:
             baseline = None
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"workload": w.name, "device": device_name, "path": label, "s_per_round": seconds,
                        "speedup": baseline / seconds, "gflop_per_round": gflop, "gflops": rate,
                        "matmul_gflops": reference, "percent_of_matmul": 100 * rate / reference,
-                       "torch_threads": torch.get_num_threads(), "description": w.description}
+                       "torch_threads": torch.get_num_threads(), **info, "description": w.description}
                 rows.append(row)
                 print(f"{w.name:16s} {device_name:6s} {label:12s} {seconds:9.4f} {row['speedup']:7.2f}x "
                       f"{rate:8.1f} {row['percent_of_matmul']:7.0f}%", flush=True)

@@ -228,6 +228,12 @@ class Tracker:
             "lockstep_runs": str(info.get("lockstep_runs", "")),
             "torch_threads": str(info.get("torch_threads", "")),
             "deterministic": str(bool(info.get("deterministic", False))).lower(),
+            # what GPU numbers depend on (pfl_core.engine.device.device_info)
+            "device_name": str(info.get("device_name", "")),
+            "torch_version": str(info.get("torch_version", "")),
+            "cuda_version": str(info.get("cuda_version", "")),
+            "cudnn_version": str(info.get("cudnn_version", "")),
+            "allow_tf32": str(bool(info.get("allow_tf32", False))).lower(),
             "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
             ui.RUN_KIND_TAG: ui.CELL,
             ui.NOTE_TAG: ui.run_description(suite_meta["paper"], suite_meta.get("table", ""), spec.cell_id,

@@ -85,6 +85,7 @@ class WorkerArgs(NamedTuple):
     execution: str
     checkpoints: CheckpointPlan | None
     deterministic: bool
+    allow_tf32: bool = False
 
 
 def _failure(started: float, err: BaseException) -> dict:
@@ -116,13 +117,14 @@ def ready() -> int:
 def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threads: int = DEFAULT_THREADS,
                   progress: bool = False, execution: str = "auto",
                   checkpoints: CheckpointPlan | None = None, deterministic: bool = False,
-                  pretrained: Provider | None = None) -> list[dict]:
+                  allow_tf32: bool = False, pretrained: Provider | None = None) -> list[dict]:
     """Run specs that differ only in their seed - in lockstep when there are several
     (:func:`pfl_core.experiment.run_experiments`) - with ``threads`` torch threads, and return one
     picklable outcome (metrics, history, clients) or error per spec. A group that fails is rerun
     one spec at a time, so that one diverging seed fails alone. ``checkpoints``: save and resume
     (:class:`CheckpointPlan`). ``deterministic``: :func:`pfl_core.seeding.use_deterministic` in this
-    process first (recorded in ``run_info.json`` and the run's tags). ``pretrained``: the provider
+    process first (recorded in ``run_info.json`` and the run's tags). ``allow_tf32``: TF32 on a CUDA
+    device (``--allow-tf32``; off by default, :mod:`pfl_core.engine.device`). ``pretrained``: the provider
     of ``model.pretrained`` states (:mod:`benchmarks.stages`: the stored stage-1 runs)."""
     before, was_deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(threads)
@@ -133,7 +135,8 @@ def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threa
         # count: its default, one thread per core, spins against the other workers (4x the CPU
         # time of one thread in `make demo`) for the same numbers
         with threadpool_limits(threads, user_api="blas"):
-            return _execute(specs, device, data_dir, threads, progress, execution, checkpoints, pretrained)
+            return _execute(specs, device, data_dir, threads, progress, execution, checkpoints, pretrained,
+                            allow_tf32)
     finally:  # a run in this process leaves the caller's settings as they were
         torch.set_num_threads(before)
         if deterministic and not was_deterministic:
@@ -141,7 +144,8 @@ def execute_specs(specs: list[RunSpec], device: str, data_dir: str | None, threa
 
 
 def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: int, progress: bool,
-             execution: str, checkpoints: CheckpointPlan | None, pretrained: Provider | None) -> list[dict]:
+             execution: str, checkpoints: CheckpointPlan | None, pretrained: Provider | None,
+             allow_tf32: bool = False) -> list[dict]:
     for spec in specs:
         _kill_hook(spec)
     saving = checkpoints.for_runs(specs) if checkpoints else None
@@ -159,15 +163,17 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
     try:
         if len(specs) == 1:
             results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving, pretrained=pretrained)]
+                                      execution=execution, checkpointing=saving, pretrained=pretrained,
+                                      allow_tf32=allow_tf32)]
         else:
             results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving, pretrained=pretrained)
+                                      execution=execution, checkpointing=saving, pretrained=pretrained,
+                                      allow_tf32=allow_tf32)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
         if len(specs) > 1:
             bar.close()
-            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints, pretrained)[0]
-                    for spec in specs]
+            return [_execute([spec], device, data_dir, threads, progress, execution, checkpoints, pretrained,
+                             allow_tf32)[0] for spec in specs]
         return [_failure(started, err)]
     finally:
         bar.close()

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from pfl_core.engine.device import configure_device, device_info
 from pfl_core.algorithms import METHODS
 from pfl_core.analysis import parse_analyses, run_analyses
 from pfl_core.checkpoint import Checkpointing
@@ -273,6 +274,7 @@ def run_experiment(
     execution: str = "auto",
     checkpointing: Checkpointing | None = None,
     pretrained: Provider | None = None,
+    allow_tf32: bool = False,
 ) -> RunResult:
     """Run one configuration and return its results (raises DivergenceError on NaN).
 
@@ -282,8 +284,9 @@ def run_experiment(
     program runs sequentially either way; ``info["execution"]`` records the path taken and why.
     ``checkpointing`` (:mod:`pfl_core.checkpoint`) saves the run every N rounds and resumes it.
     ``pretrained`` provides the stage-1 state of ``model.pretrained`` (:mod:`pfl_core.pretrained`;
-    default: stage 1 runs here first, :class:`InProcessPretraining`)."""
-    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing, pretrained)[0]
+    default: stage 1 runs here first, :class:`InProcessPretraining`). ``allow_tf32``: TF32 matmuls
+    and convolutions on a CUDA device (default off, :mod:`pfl_core.engine.device`)."""
+    return run_experiments([cfg], device, data_dir, on_round, execution, checkpointing, pretrained, allow_tf32)[0]
 
 
 def run_experiments(
@@ -294,6 +297,7 @@ def run_experiments(
     execution: str = "auto",
     checkpointing: Checkpointing | None = None,
     pretrained: Provider | None = None,
+    allow_tf32: bool = False,
 ) -> list[RunResult]:
     """Run configurations that differ only in their seed *in lockstep*: every round, the sampled
     clients of all of them go to the executor together (on the batched path: one vmapped stack of
@@ -303,12 +307,15 @@ def run_experiments(
     ``checkpointing`` has one path per configuration: the runs resume from their checkpoints when
     all exist at the same round (the warm start is then skipped: its result is in the saved
     server state), and are saved together every N rounds. ``pretrained``: as in
-    :func:`run_experiment`, shared by the runs (one stage 1 for the seeds of a cell)."""
+    :func:`run_experiment`, shared by the runs (one stage 1 for the seeds of a cell).
+    ``allow_tf32``: as in :func:`run_experiment`; the device, versions and TF32 flags are recorded
+    in each run's ``info`` (:func:`pfl_core.engine.device.device_info`)."""
     started = time.perf_counter()
     dev = resolve_device(device)
+    configure_device(dev, allow_tf32)
     executor = make_executor(execution, dev)
     _check_lockstep(cfgs)
-    provider = pretrained or InProcessPretraining(device, data_dir, execution)
+    provider = pretrained or InProcessPretraining(device, data_dir, execution, allow_tf32)
     setups = [prepare_run(cfg, dev, data_dir, provider) for cfg in cfgs]
     saved = checkpointing.available() if checkpointing is not None else None
     inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
@@ -320,7 +327,7 @@ def run_experiments(
     start = checkpointing.restore(federations, saved, dev) if saved else 0
     results = run_lockstep(federations, executor, start, checkpointing)
     wall = (time.perf_counter() - started) / len(cfgs)
-    info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), "wall_s": wall}
+    info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), **device_info(dev), "wall_s": wall}
     if start:
         info["resumed_from_round"] = start
     return [run_result(s, r, info) for s, r in zip(setups, results)]
@@ -330,14 +337,16 @@ class InProcessPretraining:
     """The default provider: runs each distinct stage-1 configuration here, once, with the
     stage-2 run's device, data folder and execution path, and keeps its state."""
 
-    def __init__(self, device: str = "auto", data_dir: str | None = None, execution: str = "auto"):
-        self.device, self.data_dir, self.execution = device, data_dir, execution
+    def __init__(self, device: str = "auto", data_dir: str | None = None, execution: str = "auto",
+                 allow_tf32: bool = False):
+        self.device, self.data_dir, self.execution, self.allow_tf32 = device, data_dir, execution, allow_tf32
         self.states: dict[str, PretrainedState] = {}
 
     def __call__(self, stage1: RunConfig) -> PretrainedState:
         key = json.dumps(stage1.to_dict(), sort_keys=True, default=str)
         if key not in self.states:
-            self.states[key] = run_experiment(stage1, self.device, self.data_dir, execution=self.execution).final_state
+            self.states[key] = run_experiment(stage1, self.device, self.data_dir, execution=self.execution,
+                                              allow_tf32=self.allow_tf32).final_state
         return self.states[key]
 
 

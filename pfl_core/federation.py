@@ -24,7 +24,7 @@ from pfl_core.engine import Executor, WorkItem
 from pfl_core.engine.augmentation import check_augmentable, make_train_augment
 from pfl_core.evaluation import EvalResult, Protocol
 from pfl_core.seeding import RunStreams
-from pfl_core.training import DivergenceError, Params, all_finite
+from pfl_core.training import DivergenceError, Params
 
 
 class ClientSampler:
@@ -97,7 +97,10 @@ def _param_dicts(value):
 
 
 def _check_finite(server: ServerState, round_idx: int) -> None:
-    if not all(all_finite(params) for params in _param_dicts(server)):
+    """One host read per round: every server tensor's finite flag reduced where it lives, then read
+    once (a read per tensor was 310 of FedL2P's 312 host syncs per round on a GPU; issue 26)."""
+    flags = [torch.isfinite(t).all() for params in _param_dicts(server) for t in params.values()]
+    if flags and not bool(torch.stack(flags).all()):
         raise DivergenceError(f"non-finite server parameters after round {round_idx + 1}")
 
 

@@ -54,10 +54,20 @@ def use_deterministic(enabled: bool = True) -> bool:
     ``torch.use_deterministic_algorithms`` (an op without a deterministic implementation raises),
     cuDNN autotuning off, and ``CUBLAS_WORKSPACE_CONFIG`` set unless already set (it must be set
     before the process's first cuBLAS call, so a run sets it before touching CUDA). How a run is
-    computed, not what: never part of the config hash. Returns the resulting state."""
+    computed, not what: never part of the config hash. Returns the resulting state.
+
+    A process that already initialised CUDA without the variable (a reused Ray worker, a notebook)
+    gets it too late for cuBLAS: it is still set, with a warning saying so and how to fix it
+    (``pflbench run --deterministic`` sets it in the parent, before any CUDA call, for its workers)."""
     if enabled:
         import os
+        import warnings
 
+        if "CUBLAS_WORKSPACE_CONFIG" not in os.environ and torch.cuda.is_initialized():
+            warnings.warn(f"--deterministic: CUBLAS_WORKSPACE_CONFIG is set after this process initialised "
+                          f"CUDA, too late for cuBLAS, whose matmuls may stay nondeterministic here; export "
+                          f"CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE} before starting the process", RuntimeWarning,
+                          stacklevel=2)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(enabled)
     torch.backends.cudnn.benchmark = False

@@ -14,6 +14,18 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (make gpu-check)"))
+
+
 def tiny_suite_dict() -> dict:
     """A tiny suite in the layout of suites/demo/offline.yaml: digits28, 10 clients, MLR,
     2 settings x 3 methods, seeds [0, 1]; ``smoke`` (2 rounds) and ``quick`` (1 seed) profiles."""

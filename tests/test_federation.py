@@ -104,3 +104,18 @@ def test_sampled_sequence_does_not_depend_on_the_method():
         _, result = _run(alg, fed, model, rounds=6, per_round=3)
         seqs.append(result.sampled)
     assert seqs[0] == seqs[1] == seqs[2]
+
+
+def test_the_fused_finite_check_finds_one_bad_value_in_any_parameter_dict():
+    """One host read per round (issue 26, item 2), still every tensor of every parameter dict:
+    plain ``params``, a list of cluster models, integer BN counters."""
+    from pfl_core.federation import _check_finite
+
+    clusters = [{"w": torch.zeros(3), "b": torch.zeros(1)} for _ in range(3)]
+    server = {"params": {"w": torch.ones(2, 2)}, "clusters": clusters,
+              "buffers": {"bn.num_batches_tracked": torch.tensor(4)}, "step": 3}
+    _check_finite(server, 0)
+    clusters[2]["b"][0] = float("inf")
+    with pytest.raises(DivergenceError, match="non-finite server parameters after round 5"):
+        _check_finite(server, 4)
+    _check_finite({"params": {}}, 0)  # nothing to check

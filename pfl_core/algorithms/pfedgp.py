@@ -175,7 +175,8 @@ class PFedGP(Algorithm):
         if self.hp.gp_head == "tree_pg" or self.hp.objective == "marginal_likelihood":
             return {"fit": [index] * self.hp.inner_steps}
         generator = client.streams["train"].generator
-        labels = client.dataset.y[index]
+        # split on the host: two copies per client and round, not a device read per class and step
+        labels, index = client.dataset.y[index].cpu(), index.cpu()
         plan: dict = {"fit": [], "held_out": []}
         for _ in range(self.hp.inner_steps):
             fit, held = [], []

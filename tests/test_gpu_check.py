@@ -1,0 +1,61 @@
+"""``make gpu-check`` / ``pflbench gpu-check`` (issue 26, item 6): its dry mode on a CPU."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from benchmarks import gpu_check
+from benchmarks.cli import main
+from conftest import make_dry_run
+
+
+def test_make_gpu_check_calls_the_subcommand():
+    assert "pflbench gpu-check --out reports/gpu" in make_dry_run("gpu-check")
+
+
+def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
+    on_gpu = {name: argv for name, argv, _ in gpu_check.plan(cuda=True)}
+    assert on_gpu["gpu tests"][-4:] == ["-m", "gpu", "-rs", "tests"]
+    assert "tests/test_gpu_guard.py" in on_gpu["guard"]
+    assert on_gpu["speed cuda"][-2:] == ["--devices", "cuda"] and "cpu" in on_gpu["speed cpu"]
+    on_cpu = {name: argv for name, argv, _ in gpu_check.plan(cuda=False)}
+    assert on_cpu["speed cuda"] is None and all(on_cpu[k] for k in ("gpu tests", "guard", "speed cpu"))
+
+
+def test_the_dry_mode_runs_what_a_cpu_can_and_names_what_needs_a_gpu(tmp_path, monkeypatch, capsys):
+    """The real gpu-marked tests (they skip here); the guard and the CPU speed run stand in for
+    quick commands (their own tests cover them); one planted failure fails the command."""
+    real = gpu_check.plan
+
+    def quick(cuda, tests="tests"):
+        steps = real(cuda, "tests/test_gpu_paths.py")
+        stand_in = {"guard": [sys.executable, "-c", "print('guard ok')"],
+                    "speed cpu": [sys.executable, "-c", "print('fedavg-rmnist cpu sequential 1.0')"]}
+        return [(name, stand_in.get(name, argv), why) for name, argv, why in steps]
+
+    monkeypatch.setattr(gpu_check, "plan", quick)
+    assert main(["gpu-check", "--dry-run", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "cpu-dry-run.md").read_text()
+    assert "DRY MODE" in report and "torch " in report and "TF32 off" in report
+    assert "| gpu tests | passed (skipped: need CUDA) |" in report
+    assert "| speed cuda | needs a GPU |" in report and "| guard | passed |" in report
+    assert "| `--jobs N` packing sweep on one GPU | not built |" in report
+    assert "needs a GPU: speed cuda" in capsys.readouterr().out
+
+    def failing(cuda, tests="tests"):
+        return [(name, [sys.executable, "-c", "raise SystemExit(1)"] if name == "guard" else argv, why)
+                for name, argv, why in quick(cuda, tests)]
+
+    monkeypatch.setattr(gpu_check, "plan", failing)
+    assert main(["gpu-check", "--dry-run", "--out", str(tmp_path)]) == 1
+    assert "| guard | failed |" in (tmp_path / "cpu-dry-run.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_real_dry_run_speed_step_runs_on_the_cpu(tmp_path):
+    """The CPU speed step as gpu-check runs it (one workload, one timed round)."""
+    (argv,) = [argv for name, argv, _ in gpu_check.plan(cuda=False) if name == "speed cpu"]
+    step = gpu_check._run("speed cpu", argv + ["--csv", str(tmp_path / "speed.csv")], timeout=600)
+    assert step.status == "passed", step.output
+    assert "cafeme-rmnist" in (tmp_path / "speed.csv").read_text()
