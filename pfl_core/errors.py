@@ -4,4 +4,4 @@ from __future__ import annotations
 
 class DivergenceError(RuntimeError):
     """Training or evaluation fine-tuning produced a non-finite loss or parameters: the run FAILS
-    (DESIGN.md, "Errors"); its accuracy never reaches a table."""
+    (docs/running-suites.md, "Failures"); its accuracy never reaches a table."""

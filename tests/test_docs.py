@@ -59,3 +59,19 @@ def test_paths_the_docs_cite_exist():
     missing = [f"{p.relative_to(ROOT)}: {m}" for p in _pages() for m in cited.findall(p.read_text())
                if not (ROOT / m.rstrip("/")).exists()]
     assert not missing
+
+
+def _sources():
+    for pattern in ("pfl_core/**/*.py", "benchmarks/**/*.py", "suites/*/*.yaml"):
+        yield from sorted(ROOT.glob(pattern))
+
+
+def test_sources_cite_no_document_that_does_not_ship():
+    """Docstrings and suite comments cite the paper, the authors' code or a page under docs/."""
+    unshipped = re.compile(r"DESIGN\.md|ENGINE-NOTES|shared/specs|\.\./shared|published-numbers\.md")
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in _sources() for m in unshipped.finditer(p.read_text())]
+    assert not hits
+    pages = re.compile(r"\bdocs/[\w/-]+\.md")
+    missing = [f"{p.relative_to(ROOT)}: {m}" for p in _sources() for m in pages.findall(p.read_text())
+               if not (ROOT / m).exists()]
+    assert not missing
