@@ -19,7 +19,7 @@ SUITES   := $(sort $(wildcard suites/*/*.yaml))
 RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report --out $(OUT)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast mlflow-ui list clean-results browser gpu-check
+.PHONY: help setup demo test test-fast docs mlflow-ui list clean-results browser gpu-check
 
 help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -65,6 +65,9 @@ test-fast: $(STAMP) ## Run the tests not marked slow
 
 gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into reports/gpu/<device>.md; dry mode without CUDA
 	$(PFLBENCH) gpu-check --out $(OUT)/gpu
+
+docs: $(STAMP) ## Build the documentation site into site/ (mkdocs build --strict: warnings are errors)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 list: $(STAMP) ## List registered methods, datasets, models, partitioners and suites
 	@for what in methods datasets models partitioners protocols suites; do \

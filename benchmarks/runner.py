@@ -3,7 +3,7 @@
 Where runs execute is an *executor*; each yields every run's outcome as it completes and the
 parent alone writes it to MLflow, into the run it claimed before the computation started
 (:mod:`benchmarks.claims`), so concurrent runners never compute a configuration twice and an
-interrupted sweep leaves no RUNNING debris (README, "Reliability"). A diverging run (NaN), a
+interrupted sweep leaves no RUNNING debris (docs/reliability.md). A diverging run (NaN), a
 crashing run or a run whose worker died is logged as FAILED with its reason and the sweep goes on.
 
 :class:`LocalExecutor` (``--executor local``, the default)
@@ -18,7 +18,7 @@ crashing run or a run whose worker died is logged as FAILED with its reason and 
 Threads: every run computes with ``torch.set_num_threads(T)``, ``T = --threads``, by default
 :data:`DEFAULT_THREADS` (1) whatever ``--jobs`` and the executor: the intra-op thread count
 changes how float sums are split, hence the last bits of a run's numbers, so a fixed default makes
-``--jobs 1`` and ``--jobs 8`` give bit-identical results (README, "Reliability"). It is not part
+``--jobs 1`` and ``--jobs 8`` give bit-identical results (docs/reliability.md). It is not part
 of the config hash (like the device, it changes rounding, not what is computed); each run records
 it (tag ``torch_threads``, ``run_info.json``).
 """

@@ -246,7 +246,7 @@ def pfedgp_space(trial, config: dict) -> dict[str, Any]:
 
 
 FT_LR_GRID = (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5)
-"""The FedL2P paper's fine-tuning lr grid (FedL2P spec, "Hyperparameters per dataset")."""
+"""The FedL2P paper's fine-tuning lr grid (docs/papers/fedl2p.md)."""
 META_LR = (1e-5, 1e-1)
 """FedL2P's meta-net SGD learning rates (BNNet, LRNet: 1e-3; eta-tilde: 1e-4)."""
 

@@ -1,8 +1,8 @@
 """Per-client batch streams drawn by indexing resident tensors (no DataLoader in the loop).
 
 The default order reproduces the CAFeMe code's FedLab ``SubsetSampler(shuffle=True)``: a client's
-indices are shuffled **once** and then iterated in that fixed order every epoch (CAFeMe spec,
-"Per-client split"). ``reshuffle=True`` draws a fresh permutation at every epoch instead.
+indices are shuffled **once** and then iterated in that fixed order every epoch
+(docs/papers/cafeme.md). ``reshuffle=True`` draws a fresh permutation at every epoch instead.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ class BatchStream:
         generator: the stream's own RNG (derived from the run seed and client id).
         reshuffle: draw a new permutation every epoch (else shuffle once, fixed order).
         drop_last: drop the last incomplete batch. Ignored when the split holds fewer than B
-            samples, where it would leave no batch at all (the CAFeMe code's crash; see the spec's
-            "Crash hazard"): such a split yields one short batch, and ``short`` is True.
+            samples, where it would leave no batch at all (the CAFeMe code's crash; see
+            docs/papers/cafeme.md): such a split yields one short batch, and ``short`` is True.
     """
 
     def __init__(

@@ -26,7 +26,7 @@ class DataConfig:
     dataset, pFedMe/CGPFL MNIST) or ``half`` ((x - 0.5) / 0.5 per channel, pFedMe CIFAR-10)."""
     normalize_stats: Literal["auto", "dataset", "train"] = "auto"
     """The samples ``pixel`` statistics come from. ``dataset``: the whole loaded dataset, held-out
-    and test clients included - the pFedMe/CGPFL code's convention (CGPFL spec, "Preprocessing"),
+    and test clients included - the pFedMe/CGPFL code's convention (docs/papers/cgpfl.md),
     which produced the published numbers. ``train``: the train split of the run's training clients
     only. ``auto`` (default): ``train`` when ``evaluation.target`` is ``validation`` (a tuning run
     never sees test data, issue 15 item 6), else ``dataset``. ``dataset`` with the validation
@@ -34,7 +34,7 @@ class DataConfig:
     augment: Literal["none", "crop_flip"] = "none"
     """Per-sample augmentation of the training batches local training draws: ``crop_flip`` =
     RandomCrop(H x W, padding 4) + RandomHorizontalFlip per image, before the normalisation (the
-    FedL2P code's CIFAR-10 pretraining transform; FedL2P spec, "Transforms"), drawn on the host
+    FedL2P code's CIFAR-10 pretraining transform; docs/papers/fedl2p.md), drawn on the host
     from a per-client stream so both execution paths see the same images
     (:mod:`pfl_core.engine.augmentation`). Never applied to evaluation batches."""
     subsample: NonNegativeInt = 0
@@ -55,7 +55,7 @@ class DataConfig:
     source_splits: dict = field(default_factory=dict)
     """Client split -> split of the source dataset it comes from, e.g. ``{train: train, val: val,
     test: test}`` (MetaVers: clients hold the same classes in the dataset's train, val and test
-    splits; MetaVers spec, "Client split"). The partitioner assigns classes to clients once and
+    splits; docs/papers/metavers.md). The partitioner assigns classes to clients once and
     cuts each source split with that assignment (for several source splits, only partitioners that
     work in two phases: ``classes_per_client``; one source split, e.g. ``{train: train}`` with
     ``pool_splits``, takes any partitioner); ``split`` and ``client_splits`` are then unused and
@@ -67,22 +67,22 @@ class DataConfig:
     ``source_splits``."""
     partition_seeding: Literal["streams", "reseed"] = "streams"
     """How the partition draws its random numbers. ``streams`` (default): the run's ``partition``
-    stream. ``reseed``: the MetaVers code's re-seeding with the run seed before each phase (MetaVers
-    spec, "Re-seeding"): the class assignment from numpy's global generator after
+    stream. ``reseed``: the MetaVers code's re-seeding with the run seed before each phase
+    (docs/papers/metavers.md): the class assignment from numpy's global generator after
     ``np.random.seed(seed)``, each source split's per-class shuffles from Python's ``random`` after
     ``random.seed(seed)``, which gives the authors' exact clients for a seed. Needs a two-phase
     partitioner."""
     partition_per_group: bool = False
     """Partition each of the dataset's groups (CIFAR-10-C corruption, domain) on its own among
     ``num_clients / G`` clients, group by group, under ONE assignment (FedL2P: the code re-draws the
-    Dirichlet matrix per corruption/domain from ``default_rng(1)``, the same matrix for all, spec
-    diff 14); clients g*m .. g*m+m-1 form group g (``Client.meta["group"]``). Needs
+    Dirichlet matrix per corruption/domain from ``default_rng(1)``, the same matrix for all;
+    docs/papers/fedl2p.md); clients g*m .. g*m+m-1 form group g (``Client.meta["group"]``). Needs
     ``source_splits`` and a two-phase partitioner (``lda``)."""
     client_val_fraction: Fraction = 0.0
     """Cut each client's ``train`` split into ``train`` and ``val`` = int(fraction * n) after
     partitioning, with ``random_split`` and a generator seeded ``client_val_seed`` (FedL2P's
     CIFAR-10 loader: 0.2 and 1, 50 samples -> 40 / 10, the same cut every round and every run;
-    FedL2P spec, "CIFAR-10"). 0 (default): off."""
+    docs/papers/fedl2p.md). 0 (default): off."""
     client_val_seed: NonNegativeInt = 1
     """The seed of ``client_val_fraction``'s generator (fixed, not the run seed: the code's 1)."""
     redraw_short_clients: bool = False
@@ -90,7 +90,7 @@ class DataConfig:
     ``federation.batch_size`` samples (the CAFeMe authors' de-facto rule: their code crashes on
     such a client, so their published Dirichlet and FEMNIST numbers come from seeds without one;
     issue 11 item 2). False (default): keep the partition; such a client trains on one short batch
-    (CAFeMe spec, "Crash hazard"), and ``run_info.json`` lists it."""
+    (docs/papers/cafeme.md), and ``run_info.json`` lists it."""
 
 
 @dataclass
@@ -101,7 +101,7 @@ class ModelConfig:
     """Methods trained before this run's method, each from the previous one's final global model
     (``[{name: fedavg, params: {...}}, ...]``); the run's method starts where the last ends. Off
     (empty) by default: it emulates the CAFeMe code's single model object shared by its baselines
-    (spec diff 15), a known defect reproduced only on request."""
+    (docs/papers/cafeme.md), a known defect reproduced only on request."""
     pretrained: dict = field(default_factory=dict)
     """The two-stage pipeline (FedL2P, issue 14): the run starts from a pretrained model instead of
     its own initialisation. Either a stage-1 run configuration (a mapping with that run's own
@@ -133,7 +133,7 @@ class FederationConfig:
     """Evaluate every this many rounds (0: only after the last round). The evaluation of round
     ``r`` follows ``r`` updates: MetaVers' evaluation at tau = r *before* that round's update."""
     early_stopping: bool = False
-    """Stop training by the validation history (MetaVers spec, "Early stopping"; the code's
+    """Stop training by the validation history (docs/papers/metavers.md; the code's
     rule, not in the paper, which trains T rounds): :func:`pfl_core.early_stopping.stop_round`
     on ``early_stopping_key`` at every evaluation. Off: every round runs (all other suites)."""
     early_stopping_key: str = "val_acc_weighted"

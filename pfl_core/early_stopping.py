@@ -1,4 +1,4 @@
-"""Early stopping on the validation history (MetaVers spec, "Early stopping"; switch
+"""Early stopping on the validation history (docs/papers/metavers.md; switch
 ``federation.early_stopping``, off by default).
 
 The rule is a pure function of the evaluations so far, so a run resumed from a checkpoint (whose

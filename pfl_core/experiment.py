@@ -79,7 +79,7 @@ def partition_digest(fed) -> str:
 def warm_start(setups: list["RunSetup"], executor: Executor | None = None) -> list:
     """The initial global parameters of each run: the model's own, or, with ``model.warm_start``,
     the final global parameters of each listed method trained in turn from the previous one's (the
-    CAFeMe code's shared baseline object, spec diff 15; IFCA's collapse of its k models into that
+    CAFeMe code's shared baseline object, docs/papers/cafeme.md; IFCA's collapse of its k models into that
     one object is not emulated). Predecessors see the same data, batches and client samples; the
     runs given together (seeds of a cell) train their predecessors in lockstep."""
     params = [model_params(s.model) for s in setups]
@@ -103,7 +103,7 @@ EXECUTION_CHOICES = ("auto", *EXECUTIONS)
 
 def make_executor(execution: str, device: torch.device) -> Executor:
     """The executor of ``execution``; ``auto`` is ``batched`` on a GPU and ``sequential`` on a CPU,
-    where stacking clients does not pay (README, "Speed")."""
+    where stacking clients does not pay (docs/speed.md)."""
     if execution not in EXECUTION_CHOICES:
         raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
     if execution == "auto":

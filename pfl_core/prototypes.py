@@ -1,5 +1,5 @@
-"""Prototype primitives shared by prototypical methods and evaluations (MetaVers spec,
-"Losses" and "Evaluation protocol"; FedProto).
+"""Prototype primitives shared by prototypical methods and evaluations (docs/papers/metavers.md and
+"Evaluation protocol"; FedProto).
 
 Distances are **squared** Euclidean, as in the MetaVers code's logits, hinge and ``proto_eval``.
 All functions are pure tensor code (no host syncs), so they run under ``torch.func.vmap``.

@@ -1,4 +1,5 @@
-"""Independent random streams derived from one run seed (DESIGN.md, "Randomness").
+"""Independent random streams derived from one run seed (docs/running-suites.md, "Paired
+comparisons").
 
 Each purpose (partition, model init, client sampling, batch order, evaluation, ...) gets its own
 stream, derived from ``(seed, purpose)`` alone. Changing the method, or how many numbers another

@@ -1,5 +1,5 @@
 """Functional training primitives: parameters live in a dict and models are called through
-``torch.func.functional_call`` (DESIGN.md, "Algorithms"). A client update is a pure function of
+``torch.func.functional_call`` (docs/adding-a-method.md). A client update is a pure function of
 (parameters, batches): meta-learning methods differentiate through it, and the batched engine
 (:mod:`pfl_core.engine`) vectorises it over a stack of clients with ``torch.func.vmap``.
 

@@ -1,4 +1,4 @@
-"""The batched path gives the sequential path's numbers (DESIGN.md, "Performance"; issue 10).
+"""The batched path gives the sequential path's numbers (docs/speed.md).
 
 Every method with a client program is run twice on the same data, seed and batches - clients one
 at a time, then vmapped over stacks - in float64, and the server state, every client's

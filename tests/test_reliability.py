@@ -1,4 +1,4 @@
-"""Reliability (README, "Reliability"; issue 15): the same numbers whatever --jobs, exit codes,
+"""Reliability (docs/reliability.md): the same numbers whatever --jobs, exit codes,
 claims shared by concurrent runners, stale runs, interruptions and checkpoints. Subprocess tests
 run the real ``pflbench`` entry point on real SQLite MLflow stores in tmp_path."""
 from __future__ import annotations

@@ -6,7 +6,7 @@ clients whose train split is smaller than a batch.
   table value, ``last3_of_seed_mean_curve``). For that aggregate every cell also gets the
   seed-mean accuracy at the curve's last step (after exactly N steps), with the same +- rule.
 * **Short clients.** The CAFeMe code crashes on a client whose train split holds fewer than a
-  batch (spec, "Crash hazard"); the authors kept only seeds without one. Each run counts them
+  batch (docs/papers/cafeme.md); the authors kept only seeds without one. Each run counts them
   (metric ``short_train_clients``, every client, unseen ones too; ``run_info.json`` lists them).
 """
 from __future__ import annotations

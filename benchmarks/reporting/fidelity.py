@@ -1,4 +1,4 @@
-"""Fidelity switches and deviations a cell ran with (DESIGN.md, "Fidelity").
+"""Fidelity switches and deviations a cell ran with (docs/reports.md).
 
 A switch is a method hyperparameter or model parameter whose value differs from its default (the
 defaults are the paper's values: the method's hyperparameter dataclass, the model builder's

@@ -1,5 +1,5 @@
 """Figures (matplotlib): ours vs paper bars, a heat map of the differences, and each paper figure
-in its own form (CAFeMe spec, "Tables & figures": bars with std for Fig. 3, curves with std bands
+in its own form (docs/papers/cafeme.md: bars with std for Fig. 3, curves with std bands
 for Fig. 4, a line over the local data size for Fig. 5)."""
 from __future__ import annotations
 

@@ -72,8 +72,7 @@ class MetricSpec:
             "final": f"the run's final `{self.key}`, mean over seeds",
             "last3_of_seed_mean_curve": (
                 f"mean of the last three points of the seed-averaged `{self.curve_metric}` curve; "
-                f"± = mean of the last three per-step {self.pm}'s over seeds (CAFeMe spec, "
-                "\"Evaluation protocol\")"),
+                f"± = mean of the last three per-step {self.pm}'s over seeds (docs/papers/cafeme.md)"),
             "best_val_round": (
                 f"`{self.key}` at the round with the best `{self.select_metric}` per seed, mean over "
                 "seeds (MetaVers spec, \"Evaluation protocol\")"),

@@ -3,7 +3,7 @@
 layers], ``eta`` [clients, parameter tensors], ``xi`` [clients, BN layers], ``x`` [clients, 2 x
 modules], ``group`` [clients]; :mod:`pfl_core.analysis.personalization` computes from them).
 
-``metric.figure`` of a suite picks the form (spec "Tables & figures"):
+``metric.figure`` of a suite picks the form (docs/papers/fedl2p.md):
 
 * ``ari`` (Table 6): per cell and clustered quantity, the Adjusted Rand Index between the clients'
   domains and the spectral clusters of that quantity, mean ± the suite's spread over seeds, beside
@@ -219,7 +219,7 @@ def markdown_lines(report) -> list[str]:
                         "arrays), so there is nothing to draw."]
     if kind == "ari":
         lines += [f"ARI per seed; ours = mean ± {report.metric.pm} (ddof {report.metric.ddof}) over seeds; "
-                  "spectral clustering with the spec's harness defaults (RBF affinity, scikit-learn's gamma, "
+                  "spectral clustering with a harness choice (RBF affinity, scikit-learn's gamma, "
                   "one cluster per domain, discretize).", "",
                   "| cell | quantity | ours | per seed | paper | ours − paper |", "|---|---|---|---|---|---|"]
         for r in ari_rows(report):

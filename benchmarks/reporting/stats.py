@@ -30,7 +30,7 @@ def sem(values: Sequence[float]) -> float:
 
 
 def last3_of_seed_mean_curve(curves: Sequence[Sequence[float]], kind: str, ddof: int) -> tuple[float, float]:
-    """(value, pm) of CAFeMe's statistic (CAFeMe spec, "Evaluation protocol", across runs).
+    """(value, pm) of CAFeMe's statistic (docs/papers/cafeme.md, across runs).
 
     The per-seed curves (accuracy after 0..N personalization steps) are averaged over seeds; the
     value is the mean of the last three points of that mean curve, the pm the mean of the last three
@@ -64,8 +64,8 @@ class Selection:
 
 
 def best_val_round(val: dict[int, float], test: dict[int, float]) -> Selection | None:
-    """The test value at the evaluation round with the best validation value (MetaVers spec,
-    "Evaluation protocol", model selection). Ties go to the earliest round, as a new best needs a
+    """The test value at the evaluation round with the best validation value (docs/papers/metavers.md, model
+    selection). Ties go to the earliest round, as a new best needs a
     strict improvement in the authors' code. Only rounds with both values count; None if none."""
     rounds = sorted(set(val) & set(test))
     rounds = [r for r in rounds if not math.isnan(val[r])]

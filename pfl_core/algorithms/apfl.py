@@ -2,7 +2,7 @@
 
 Each client keeps a personal model v_i and a mixing weight alpha_i; its personalized model is
 ``v_bar_i = alpha_i v_i + (1 - alpha_i) w_i``, where w_i is its copy of the global model (APFL paper,
-Algorithm 1; CGPFL spec, "Baselines", APFL). Every local step, on one mini-batch xi and at the
+Algorithm 1; docs/papers/cgpfl.md, APFL). Every local step, on one mini-batch xi and at the
 *current* values (the three updates are simultaneous):
 
 * ``w_i <- w_i - lr * grad f_i(w_i; xi)``;
@@ -14,7 +14,7 @@ The server averages w_i every tau = ``local_steps`` local steps (one communicati
 reset to the global model at the start of each round, v_i and alpha_i persist. v_i starts at the
 first model the client receives.
 
-Switches: ``alpha_init`` (0.5, spec harness default), ``adaptive_alpha`` (True: the update above;
+Switches: ``alpha_init`` (0.5, a harness choice), ``adaptive_alpha`` (True: the update above;
 False keeps alpha fixed), ``alpha_lr`` (0 = use ``lr``), ``mix_with`` (``global``: evaluate
 alpha_i v_i + (1 - alpha_i) w with the current global w, the synchronized w_i of the APFL paper's
 output; ``local``: with the client's w_i after its last local step), ``weighting``.
@@ -46,11 +46,11 @@ from pfl_core.training import Params, gradients
 @dataclass
 class APFLHyper(HyperParams):
     lr: PositiveFloat = 0.005
-    """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; spec harness default)."""
+    """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; a harness choice)."""
     local_steps: PositiveInt = 10
-    """tau, local steps between synchronizations (spec harness default: tau = R = 10)."""
+    """tau, local steps between synchronizations (a harness choice: tau = R = 10)."""
     alpha_init: Probability = 0.5
-    """Initial mixing weight alpha_i (spec harness default 0.5; not given by the CGPFL paper)."""
+    """Initial mixing weight alpha_i (a harness choice 0.5; not given by the CGPFL paper)."""
     adaptive_alpha: bool = True
     """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""
     alpha_lr: NonNegativeFloat = 0.0

@@ -1,4 +1,4 @@
-"""The algorithm interface (DESIGN.md, "Algorithms").
+"""The algorithm interface (docs/adding-a-method.md).
 
 An algorithm says how the server state is initialised, what a sampled client does in a round
 (reading and writing its own persistent state), how the uploads are aggregated, and which

@@ -1,5 +1,4 @@
-"""CAFeMe: contextual modulation and meta-learning (paper Algorithms 1-2; CAFeMe spec, "CAFeMe
-client update, exactly as the code does it").
+"""CAFeMe: contextual modulation and meta-learning (paper Algorithms 1-2; docs/papers/cafeme.md).
 
 Client update from the global parameters omega (FM and base alike):
 
@@ -16,8 +15,8 @@ Server: the uniform mean of the uploaded parameters.
 At evaluation all parameters are fine-tuned by the protocol (``lr_ft_pfl``), each evaluation batch
 being its own context (transductive, unlabelled), as in the code.
 
-With a label-conditioned modulator (model switch ``context_labels``, spec diff 1) the context
-follows the paper's Algorithms 1-2 (spec diff 2): an inner step or a fine-tuning step is
+With a label-conditioned modulator (model switch ``context_labels``, docs/papers/cafeme.md) the context
+follows the paper's Algorithms 1-2 (docs/papers/cafeme.md): an inner step or a fine-tuning step is
 conditioned on its own personalization batch D' (Alg. 2 lines 3-6); the query loss and every
 evaluation batch on the **last** personalization batch, through the current FM parameters
 (Alg. 2 line 8, Alg. 1 line 8), never on their own labels. Before the first fine-tuning step of an
@@ -50,9 +49,10 @@ class CAFeMeHyper(HyperParams):
     query_batches: PositiveInt = 6
     """Train batches concatenated into the query set (code ``size_ratio``)."""
     first_order: bool = True
-    """True: first-order MAML, as the code (spec diff 4). False: second order through the inner loop."""
+    """True: first-order MAML, as the code (docs/papers/cafeme.md). False: second order through the inner
+    loop."""
     persist_outer_optimizer: bool = True
-    """The client's Adam moments and step count carry over between its rounds (code, diff 5)."""
+    """The client's Adam moments and step count carry over between its rounds (code)."""
     weighting: Weighting = "uniform"
     """Server aggregation: the code's plain mean (``uniform``) or ``samples``."""
 

@@ -3,7 +3,7 @@ generalization.
 
 The server keeps K context models Omega_K = [omega_1..omega_K] and an assignment of clients to
 contexts (P^t of the paper, kept as ``server["assign"]``: client id -> context). Per round
-(CGPFL paper, Algorithm 1; CGPFL spec, "CGPFL (paper Algorithm 1)"):
+(CGPFL paper, Algorithm 1; docs/papers/cgpfl.md):
 
 1. every client i receives omega_{k(i)} (line 2, line 4: Omega_{I,0} = Omega_K J^t);
 2. R local rounds (lines 6-11), each: one mini-batch, S steps theta <- theta - eta grad F_i(theta)
@@ -33,7 +33,7 @@ Reconstruction choices (named switches, CGPFL spec):
   beta = alpha, bit for bit.
 * Seeding: the algorithm does not see the run seed, so round t's k-means uses
   ``random_state = SeedSequence([run seed stream, kmeans_seed, t])``: it follows the run seed.
-* An empty context (possible when uploads coincide) keeps its previous centre (spec).
+* An empty context (possible when uploads coincide) keeps its previous centre (a harness choice).
 * ``cluster_alignment``: ``hungarian`` (default) matches the new clusters to the previous centres
   by minimum total squared distance before the alpha-step; with alpha = 1 (the paper's value) this
   only renames contexts and changes no model. ``none`` uses KMeans' label order (for alpha < 1 the
@@ -63,8 +63,8 @@ ALIGNMENTS = ("hungarian", "none")
 
 @dataclass
 class CGPFLHyper(ProxHyper):
-    """CGPFL hyperparameters; defaults are CGPFL Table 1 (MNIST/FMNIST MLR) and the spec's
-    harness defaults. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
+    """CGPFL hyperparameters; defaults are CGPFL Table 1 (MNIST/FMNIST MLR) and harness
+    choices. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
     local_rounds = R, hidden_l2, predictor, theta_start) are documented on :class:`ProxHyper`."""
 
     num_clusters: PositiveInt = 4
@@ -72,16 +72,16 @@ class CGPFLHyper(ProxHyper):
     alpha: float = 1.0
     """alpha, the server step of Algorithm 1 line 14 (Table 1 caption: 1; alpha = 1 -> centroids)."""
     omega_update: str = "pfedme_equivalent"
-    """``pfedme_equivalent`` (spec harness default: omega <- omega - lr*lam*(omega - theta)) or
+    """``pfedme_equivalent`` (a harness choice: omega <- omega - lr*lam*(omega - theta)) or
     ``paper_literal`` (omega <- omega - lr*(2/N)*(omega - theta), Algorithm 1 line 10 as printed)."""
     literal_n: int = 40
     """N in the paper-literal factor 2/N (CGPFL Table 1: N = 40). Unused in pfedme_equivalent mode."""
     kmeans_seed: int = 0
     """Base seed of the per-round k-means (harness default; the paper gives none)."""
     kmeans_n_init: int = 10
-    """k-means++ restarts (spec harness default, scikit-learn KMeans semantics)."""
+    """k-means++ restarts (a harness choice, scikit-learn KMeans semantics)."""
     kmeans_max_iter: int = 300
-    """Maximum Lloyd iterations per restart (spec harness default)."""
+    """Maximum Lloyd iterations per restart (a harness choice)."""
     cluster_alignment: str = "hungarian"
     """``hungarian``: match new clusters to the old centres before the alpha-step; ``none``."""
 

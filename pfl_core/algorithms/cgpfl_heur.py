@@ -1,5 +1,5 @@
 """CGPFL-Heur (Tang, Guo, Guo, IJCAI 2022, Section 4.4): CGPFL whose number of contexts K is chosen
-once, at the first aggregation, by minimising expression (11) (CGPFL spec, "CGPFL-Heur").
+once, at the first aggregation, by minimising expression (11) (docs/papers/cgpfl.md).
 
 For every K in 1..K_max (K_max = ``max_clusters`` or N/2, "no more than N/2", Section 5.3) the
 server clusters the uploads and picks argmin_K penalty(K) + mu * cost(K), with cost(K) = sum_i
@@ -39,11 +39,11 @@ class CGPFLHeurHyper(CGPFLHyper):
     """mu of expression (11), required ("an appropriate mu", paper Section 5.3; not published)."""
     mu_scale: str = "relative"
     """``absolute``: (11) uses mu as given. ``relative`` (harness default): mu_abs =
-    mu * penalty(1) / cost(1), so mu is the ratio mu_abs*cost(1)/penalty(1) that the spec's
-    log-spaced grid 1e-3..1e3 spans, comparable across datasets and models."""
+    mu * penalty(1) / cost(1), so mu is the ratio mu_abs*cost(1)/penalty(1) that the
+    log-spaced grid (suites/cgpfl/fig3.yaml) 1e-3..1e3 spans, comparable across datasets and models."""
     penalty: str = "kd"
-    """The K-dependent complexity term of (11), lost in the paper's text: ``kd`` = K*d (spec harness
-    default) or ``sqrt_kd`` = sqrt(K*d); d = number of model parameters."""
+    """The K-dependent complexity term of (11), lost in the paper's text: ``kd`` = K*d (harness
+    choice) or ``sqrt_kd`` = sqrt(K*d); d = number of model parameters."""
     max_clusters: int = 0
     """Largest candidate K; 0 = floor(N/2) ("no more than N/2", paper Section 5.3)."""
 

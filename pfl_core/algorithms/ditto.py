@@ -1,5 +1,4 @@
-"""Ditto (Li et al., 2021) as the CAFeMe code runs it (CAFeMe spec, "Baselines as implemented in the
-code": Ditto, and diff 13; code ``Ditto_Client``).
+"""Ditto (Li et al., 2021) as the CAFeMe code runs it (docs/papers/cafeme.md: Ditto; code ``Ditto_Client``).
 
 Client update = personal step, then global step, on successive batches of the client's cyclic
 train stream:
@@ -54,7 +53,7 @@ class DittoHyper(HyperParams):
     anchor: str = "local_copy"
     """Proximal anchor w: ``local_copy`` = the client's last local copy of the global model, or the
     initial model before its first participation (CAFeMe code, produced the published numbers,
-    spec diff 13); ``global`` = the current global model (Ditto paper)."""
+    docs/papers/cafeme.md); ``global`` = the current global model (Ditto paper)."""
     persist_optimizer: bool = True
     """The client's Adam moments and step count carry over between its rounds (CAFeMe code: one
     Adam object per client, created once). False: a fresh Adam every round."""
@@ -112,8 +111,9 @@ class Ditto(Algorithm):
         return {"personal": personal, "global": [client.next_index() for _ in range(self.hp.global_steps)]}
 
     def local_update(self, carry, batches, masks):
-        """S proximal SGD steps on p (spec: Ditto "Personal step"), then S optimiser steps (Adam by
-        default) on a copy of the global model (spec: Ditto "Global step"). The two chains do not
+        """S proximal SGD steps on p (the Ditto personal step; docs/papers/cafeme.md), then S optimiser steps
+        (Adam by
+        default) on a copy of the global model (the Ditto global step). The two chains do not
         read each other within a round (p's anchor is fixed), so running them one after the other
         equals the Ditto code's alternation; ``schedule`` only decides their batches (:meth:`draw`)."""
         personal, params, optimizer = carry["personal"], carry["params"], carry["optimizer"]

@@ -1,9 +1,9 @@
 """FedAvg (McMahan et al., 2017): local SGD from the global model, then a weighted parameter mean.
 
 With ``weighting="uniform"`` the server takes the plain mean the CAFeMe code uses
-(CAFeMe spec, "Baselines as implemented in the code": FedAvg).
+(docs/papers/cafeme.md: FedAvg).
 
-FedL2P's stage 1 (FedL2P spec, "Pretraining the global model") pretrains a ResNet with standard
+FedL2P's stage 1 (docs/papers/fedl2p.md) pretrains a ResNet with standard
 BatchNorm: with a model that keeps BN state, every local step updates the running statistics
 (train mode, momentum 0.1) and the server averages them with the parameters, as the FedL2P code
 averages the whole state_dict; its lr schedules are ``lr_milestones``/``lr_decay``

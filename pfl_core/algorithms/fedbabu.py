@@ -7,7 +7,7 @@ entire network is fine-tuned): MetaVers uses 10 fine-tuning steps at test, i.e.
 Local training: the pFedHN code's client optimiser (MetaVers gives no FedBABU values). The head
 is ``fc3.`` of ``lenet``.
 
-FedL2P stage 1 (FedBABU pretraining; FedL2P spec, "Pretraining the global model"): the FedL2P
+FedL2P stage 1 (FedBABU pretraining; docs/papers/fedl2p.md): the FedL2P
 code trains FedAvg's recipe with the classifier at lr 0 (``exclude_layers: [net.fc.weight,
 net.fc.bias]``), which is this method with ``head_prefixes: [fc.]`` (the ResNets' classifier),
 ``momentum: 0``, ``weight_decay: 0``, ``lr: 0.1``, ``lr_milestones: [250, 375]``,

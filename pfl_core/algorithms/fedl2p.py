@@ -1,5 +1,5 @@
 """FedL2P: federated learning of meta-nets that personalize a pretrained model (paper Algorithms 1-2;
-FedL2P spec "FedL2P server loop", "ClientFit", "Hypergradient", "Baselines: L2P, Ablations").
+docs/papers/fedl2p.md).
 
 lambda = {BNNet, LRNet, eta-tilde} (:class:`pfl_core.models.metanets.MetaNets`) is what the server
 federates; the pretrained backbone (contract "Pretrained state") is fixed and never sent back.
@@ -8,11 +8,11 @@ federates; the pretrained backbone (contract "Pretrained state") is fixed and ne
 
 1. xi and x (:func:`pfl_core.algorithms._lib.meta_inputs.meta_inputs`) once, on the client's train data.
 2. K = ``outer_epochs`` x ceil(|val| / B) outer steps. Each restarts from the pretrained weights
-   with the client's BN running statistics at (0, 1) (spec "KLD-BatchNorm"), sets beta = BNNet(xi)
+   with the client's BN running statistics at (0, 1) (docs/papers/fedl2p.md), sets beta = BNNet(xi)
    on the KLD-BN layers and eta = LRNet(x) * eta-tilde.
 3. Inner loop: S = ``inner_epochs`` x ceil(|train| / B) plain-SGD steps in train mode on one train
-   stream, reshuffled every epoch, cycled and running on across the outer steps (spec
-   "Implementation details" 2: 40 samples give batches of 32, 8, 32, ...), each batch augmented
+   stream, reshuffled every epoch, cycled and running on across the outer steps (docs/papers/fedl2p.md: 40
+   samples give batches of 32, 8, 32, ...), each batch augmented
    with ONE crop offset and flip for all its images (``meta_augment``, the code's ``jit_augment``;
    the meta-net inputs too, val batches never). Only the last step keeps
    the graph, through eta (its gradient is detached); a step whose loss exceeds 100 has its
@@ -79,15 +79,15 @@ class FedL2PHyper(HyperParams):
     """``ift``: paper Algorithm 2 (Neumann IFT). ``fomaml``: FOMAML+ of Table 8 (module docstring)."""
     neumann_scaling: NeumannScaling = "paper"
     """``paper``: p = sum_j (I - psi H)^j v as Algorithm 2 and the code; ``textbook``: times psi
-    (spec "Hypergradient": the paper's implicit term is 1/psi = 10x the textbook estimate)."""
+    (docs/papers/fedl2p.md: the paper's implicit term is 1/psi = 10x the textbook estimate)."""
     neumann_steps: NonNegativeInt = 3
     """Q, Neumann terms (paper Algorithm 2, code ``truncate_iter``)."""
     neumann_psi: PositiveFloat = 0.1
     """psi, the Neumann step (code ``Hypergrad.learning_rate``)."""
     inner_epochs: PositiveInt = 15
-    """e: inner steps = e x ceil(|train| / B) (spec table: 15; Speech Commands 5)."""
+    """e: inner steps = e x ceil(|train| / B) (the suites' per-dataset values: 15; Speech Commands 5)."""
     outer_epochs: PositiveInt = 3
-    """K = outer_epochs x ceil(|val| / B) outer steps: three epochs of the val set (spec diff 4)."""
+    """K = outer_epochs x ceil(|val| / B) outer steps: three epochs of the val set (docs/papers/fedl2p.md)."""
     lr_bnnet: PositiveFloat = 1e-3
     """Plain SGD lr of BNNet (code ``bn_net_lr``)."""
     lr_lrnet: PositiveFloat = 1e-3
@@ -108,13 +108,13 @@ class FedL2PHyper(HyperParams):
     meta_augment: Literal["crop_flip", "flip_rotate", "none"] = "crop_flip"
     """Meta-training augmentation of train batches, one draw shared by the whole batch (the code's
     ``jit_augment``): ``crop_flip`` = RandomCrop(padding ``augment_padding``) + RandomHorizontalFlip
-    (CIFAR-10/10-C, spec "Transforms"); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
-    (Office-Caltech-10, DomainNet: spec "Office-Caltech-10", :mod:`pfl_core.data.augment.flip_rotate`);
+    (CIFAR-10/10-C, docs/papers/fedl2p.md); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
+    (Office-Caltech-10, DomainNet: docs/papers/fedl2p.md, :mod:`pfl_core.data.augment.flip_rotate`);
     ``none`` (Speech Commands, whose ``jit_augment`` is the identity)."""
     augment_padding: PositiveInt = 4
     """Zero padding (in [0, 1] pixel space) of the random crop."""
     weighting: Literal["val", "uniform"] = "val"
-    """Server mean of lambda weighted by |val| (the code, spec diff 5) or uniform."""
+    """Server mean of lambda weighted by |val| (the code, docs/papers/fedl2p.md) or uniform."""
     patience: NonNegativeInt = 50
     """Stop once round - best_round >= patience (code; CIFAR-10 50, CIFAR-10-C 100); 0: never."""
 
@@ -168,7 +168,7 @@ class FedL2P(Algorithm):
 
     # -- server ---------------------------------------------------------------------------------
     def init_lambda(self, like: torch.Tensor) -> Params:
-        """lambda's initial tensors (spec "Meta-nets": xavier_normal gain 0.1, biases 0.5 / 1.0,
+        """lambda's initial tensors (docs/papers/fedl2p.md: xavier_normal gain 0.1, biases 0.5 / 1.0,
         eta-tilde = eta_init), drawn from the method's own seed."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
@@ -250,7 +250,7 @@ class FedL2P(Algorithm):
         """The contract's recipe: betas = BNNet(xi), lrs = LRNet(x) * eta-tilde of the best lambda
         (L2P: the client's own; ``inputs``: ``MetaInputs(xi, lr_stats)`` or a tuple ``(xi, x)``);
         running statistics reset to (0, 1), eval-mode test, NaN/inf fine-tuning steps skipped as
-        the FedL2P client does (spec "Implementation details" 4)."""
+        the FedL2P client does (docs/papers/fedl2p.md)."""
 
         xi, x = (inputs.xi, inputs.lr_stats) if hasattr(inputs, "xi") else inputs
         lam = self.personal_lambda(server, client)

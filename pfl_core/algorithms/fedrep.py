@@ -1,5 +1,5 @@
-"""FedRep (Collins et al., 2021) as the CAFeMe code runs it (CAFeMe spec, "Baselines as implemented
-in the code": FedRep, and diff 14; code ``FedRep_Client``).
+"""FedRep (Collins et al., 2021) as the CAFeMe code runs it (docs/papers/cafeme.md: FedRep; code
+``FedRep_Client``).
 
 Parameters split into a head (names starting with one of ``head_prefixes``: the whole ``fc`` stack
 of the CAFeMe CNNs) and a body (everything else: the conv blocks). Per round, from the global
@@ -10,7 +10,7 @@ model:
 
 Each part has its own Adam, owned by the client and kept across its participations (the code
 creates both once per client). In the code the **full** model, head included, is reloaded from
-the global model and averaged, so heads are not personal (diff 14, published numbers).
+the global model and averaged, so heads are not personal (published numbers).
 ``personal_head=True`` is the FedRep paper's intent: the head stays with the client, only the body
 is uploaded and averaged. At evaluation all parameters are fine-tuned by the protocol.
 """
@@ -44,7 +44,7 @@ class FedRepHyper(HyperParams):
     ``["3."]``."""
     personal_head: bool = False
     """False: heads are reloaded from and averaged into the global model like the body (CAFeMe code,
-    published numbers, diff 14). True: each client keeps its head (FedRep paper); only the body is
+    published numbers). True: each client keeps its head (FedRep paper); only the body is
     uploaded and averaged; seen clients predict with global body + own head."""
     persist_optimizer: bool = True
     """Head and body Adam moments and step counts carry over between the client's rounds (CAFeMe

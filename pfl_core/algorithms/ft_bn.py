@@ -1,13 +1,13 @@
-"""FedL2P's fine-tuning baselines FT (BN C), FT (BN G) and FT (BN I) (spec "Baselines"): no
+"""FedL2P's fine-tuning baselines FT (BN C), FT (BN G) and FT (BN I) (docs/papers/fedl2p.md): no
 federated training of their own; the ``finetune_pretrained`` protocol fine-tunes every client from
 the pretrained model with the FT lr (``evaluation.params.lr``: 1e-3 CIFAR-10/10-C, 1e-2 Office,
 DomainNet and Speech Commands) for e epochs, with the statistics each baseline names.
 
-The spec's mapping of the authors' code knobs (harness reading, spec "Unknowns"):
+The mapping of the authors' code knobs (harness reading, docs/papers/fedl2p.md):
 
 * ``ft_bn_c``: client statistics, "beta = 1 in Eq. 2": the plain FT client, standard BN whose
   running statistics start from the pretrained ones, train-mode fine-tuning, eval-mode test.
-  ``running_init: reset`` is the spec's alternative (KLD-BN with beta 1, running statistics from
+  ``running_init: reset`` is the alternative reading (KLD-BN with beta 1, running statistics from
   (0, 1)).
 * ``ft_bn_g``: pretrained statistics, beta = 0 (the plain FT client with ``freeze_bn_buffer``).
 * ``ft_bn_i``: incoming batch statistics in fine-tuning and test (FedBABU's choice).
@@ -57,8 +57,8 @@ class PretrainedOnly(Algorithm):
 class FTBNCHyper(HyperParams):
     running_init: Literal["pretrained", "reset"] = "pretrained"
     """Where the client's running statistics start: ``pretrained`` = the plain FT client of the
-    authors' code (spec "Baselines", harness mapping); ``reset`` = KLD-BN with beta 1 and running
-    statistics from (0, 1), the spec's alternative (differs mostly at e = 5: a 0.9^10 residue)."""
+    authors' code (docs/papers/fedl2p.md, harness mapping); ``reset`` = KLD-BN with beta 1 and running
+    statistics from (0, 1), the alternative reading (differs mostly at e = 5: a 0.9^10 residue)."""
 
 
 @METHODS.register("ft_bn_c")

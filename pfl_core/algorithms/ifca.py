@@ -1,5 +1,5 @@
-"""IFCA (Ghosh et al., 2020) as the CAFeMe code runs it (CAFeMe spec, "Baselines as implemented in
-the code": IFCA; code ``IFCAClient`` / ``train_ifca``).
+"""IFCA (Ghosh et al., 2020) as the CAFeMe code runs it (docs/papers/cafeme.md: IFCA; code ``IFCAClient`` /
+``train_ifca``).
 
 * The server holds k models ("clusters").
 * Each round, a sampled client picks the cluster with the smallest **summed** training loss over
@@ -12,7 +12,7 @@ the code": IFCA; code ``IFCAClient`` / ``train_ifca``).
   or after the protocol's fine-tuning (IFCA-FT).
 
 By default the k models are initialised independently (the harness's fix of the code's
-warm-start defect, spec "Warm-start defect" and diff 15): see :meth:`IFCA.init_server`. Switches:
+warm-start defect, docs/papers/cafeme.md): see :meth:`IFCA.init_server`. Switches:
 
 * ``shared_clusters``: the k models are **one** model, as in the authors' code, whose
   ``[args["model"] for _ in range(k)]`` holds k references to one object: every client's k losses
@@ -59,7 +59,7 @@ class IFCAHyper(FedAvgHyper):
     :meth:`IFCA.init_server`). Changing it draws another set of independent initialisations."""
     shared_clusters: bool = False
     """True: the k cluster models are one shared model (the CAFeMe code's k references to one
-    object, spec diff 15; = uniform FedAvg with IFCA's local training), so ``num_clusters`` plays
+    object, docs/papers/cafeme.md; = uniform FedAvg with IFCA's local training), so ``num_clusters`` plays
     no role. False: k independently initialised models (the IFCA paper; harness default)."""
     weight_sharing: bool = False
     """True: after the per-cluster averages, average the ``shared_prefix`` parameters over every
@@ -202,8 +202,8 @@ class IFCA(FedAvg):
         return [{**params, **{k: shared[k] for k in names}} for params in clusters]
 
     def predictor(self, server: ServerState, client: ClientContext) -> Params:
-        """The cluster with the smallest summed loss over the client's train split (spec: "At test
-        time the cluster is chosen the same way")."""
+        """The cluster with the smallest summed loss over the client's train split (at test
+        time the cluster is chosen the same way; docs/papers/cafeme.md)."""
         return server["clusters"][self.choose_cluster(server, client)]
 
 

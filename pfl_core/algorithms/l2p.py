@@ -1,4 +1,4 @@
-"""L2P: FedL2P without federated learning (FedL2P spec "Baselines: L2P"; code switch
+"""L2P: FedL2P without federated learning (docs/papers/fedl2p.md; code switch
 ``federated_learning: false``). Each client learns its own lambda with FedL2P's ClientFit
 (:mod:`pfl_core.algorithms.fedl2p`), keeps it in its state and uploads nothing; the server's lambda
 stays at its initial value. The code trains every client once, at evaluation, for a budget of
@@ -20,8 +20,8 @@ from pfl_core.training import Params
 @dataclass
 class L2PHyper(FedL2PHyper):
     outer_epochs: PositiveInt = 150
-    """L2P's budget of outer epochs per client: ceil(T_max x clients_per_round x 3 / C) (spec
-    "Baselines": CIFAR-10 500 x 100 x 3 / 1000 = 150; :func:`l2p_outer_epochs`). Run it with one
+    """L2P's budget of outer epochs per client: ceil(T_max x clients_per_round x 3 / C)
+    (docs/papers/fedl2p.md: CIFAR-10 500 x 100 x 3 / 1000 = 150; :func:`l2p_outer_epochs`). Run it with one
     round in which every client takes part, as the code trains each client once, at evaluation."""
     patience: NonNegativeInt = 0
     """No early stopping: nothing is federated."""

@@ -1,7 +1,7 @@
 """L2SGD (Hanzely & Richtarik, 2020, "Federated learning of a mixture of global and local models").
 
 Objective: min_x F(x) = (1/n) sum_i f_i(x_i) + (lam/2n) sum_i ||x_i - x_bar||^2 (the 1/n scaling is
-the L2GD paper's; CGPFL spec, "Baselines", L2SGD). Loopless chain with step size a and aggregation
+the L2GD paper's; docs/papers/cgpfl.md, L2SGD). Loopless chain with step size a and aggregation
 probability p; at each step one common coin is flipped:
 
 * with probability 1 - p (local step), every client: ``x_i <- x_i - a/(n(1-p)) grad f_i(x_i)``
@@ -13,8 +13,8 @@ In expectation, ``E[x_i^+] = x_i - (a/n) (grad f_i(x_i) + lam (x_i - x_bar))``: 
 size a on F (:func:`expected_step`, tested).
 
 Reading used here (harness, documented): the step sizes are parameterised by ``lr`` =
-a/(n(1-p)) (spec harness default: equal to CGPFL Table 1's lr), so c = lr (1-p) lam / p and n
-cancels; lam = 12 and p = 1/R (spec harness defaults). One *communication round* of the federation
+a/(n(1-p)) (a harness choice: equal to CGPFL Table 1's lr), so c = lr (1-p) lam / p and n
+cancels; lam = 12 and p = 1/R (a harness choice). One *communication round* of the federation
 loop is one stretch of the chain between communications: L local steps, then J >= 1 consecutive
 aggregation steps (J ~ Geometric(1 - p), as the chain keeps flipping aggregation with probability
 p). A stretch of aggregations ends with the first local flip, which opens the next round, so every
@@ -66,11 +66,11 @@ class L2SGDHyper(HyperParams):
     local_steps: PositiveInt = 10
     """``mean_regularized`` only: local steps per round (Ditto code ``local_iters``; CGPFL R = 10)."""
     lr: PositiveFloat = 0.005
-    """The local step a/(n(1-p)) (spec harness default: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
+    """The local step a/(n(1-p)) (a harness choice: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
     lam: NonNegativeFloat = 12.0
-    """lambda of the penalty (spec harness default: CGPFL's lambda = 12)."""
+    """lambda of the penalty (a harness choice: CGPFL's lambda = 12)."""
     p: Probability = 0.1
-    """Aggregation probability (spec harness default p = 1/R, R = 10)."""
+    """Aggregation probability (a harness choice p = 1/R, R = 10)."""
     coin_seed: int = 0
     """Base seed of the common coin flips (the algorithm does not see the run seed)."""
     max_local_steps: NonNegativeInt = 0

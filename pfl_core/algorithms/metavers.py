@@ -1,4 +1,4 @@
-"""MetaVers (Lim, Ha, Yoon; WACV 2024) as the authors' code trains it (MetaVers spec, "Algorithms").
+"""MetaVers (Lim, Ha, Yoon; WACV 2024) as the authors' code trains it (docs/papers/metavers.md).
 
 Each round, every sampled client draws a fresh episode from its train split
 (:mod:`pfl_core.algorithms._lib.episodes`: N = its classes, K shots, Q queries, the "R*" fallback) and computes
@@ -17,12 +17,12 @@ CIFAR-10), its Adam state persisting across rounds. It keeps every active client
 (``d != 0``, as the code); after each round tau >= W, m_global = the mean of the last
 ``margin_window`` (250 = 50 rounds x 5 clients) values; before, ``initial_margin`` (0.0).
 
-Every code-vs-paper difference of the spec is a switch, off by default (the published numbers
-came from the code): ``update`` (Eq. 5-6, diff 1), ``global_margin`` (Eq. 7, diff 2), ``w_role``
-(diff 3), ``margin_scale`` (Eq. 3, diff 4), ``squared`` (diff 5), ``triplet_negative`` (Eq. 4,
-diff 6), ``triplet_reduction`` (diff 7), ``margin_grad`` (diff 8). Ablations: ``loss`` (Table 5;
+Every code-vs-paper difference (docs/papers/metavers.md) is a switch, off by default (the published
+numbers came from the code): ``update`` (Eq. 5-6), ``global_margin`` (Eq. 7), ``w_role``,
+``margin_scale`` (Eq. 3), ``squared``, ``triplet_negative`` (Eq. 4), ``triplet_reduction``,
+``margin_grad``. Ablations: ``loss`` (Table 5;
 W forced to -1 for ``ce``/``triplet``, ``trainer.py:111-112``) and ``margin_from`` (fixed margin).
-The novel-class trainer (spec "Novel-class training") is the same method with ``margin_update:
+The novel-class trainer (docs/papers/metavers.md) is the same method with ``margin_update:
 client``, ``first_round: 1``, ``ce_forward: joint``, ``margin_window: 500``, ``lr_step: 5000``.
 
 Prediction is by prototypes: the predictor is the global embedding network, evaluated by the
@@ -51,7 +51,7 @@ from pfl_core.training import Params, embed, value_and_grad
 
 @dataclass
 class MetaVersHyper(HyperParams):
-    # -- episodes (spec "Episode construction") ------------------------------------------------
+    # -- episodes (docs/papers/metavers.md) ------------------------------------------------
     shot: PositiveInt = 5
     """K, support images per class (code default 5; README: CIFAR-10 20, CIFAR-100 10 or 3 at
     U = 500 (``shot_500``), CINIC-10 25 or 20 at U = 500)."""
@@ -62,7 +62,7 @@ class MetaVersHyper(HyperParams):
     episode (CIFAR-100 with 500 clients, ``trainer.py:316-317``)."""
     fallback_batch: PositiveInt = 450
     """Size of that batch (the code's train loaders: 450)."""
-    # -- losses (spec "Losses") ----------------------------------------------------------------
+    # -- losses (docs/papers/metavers.md) ----------------------------------------------------------------
     gamma: Probability = 0.5
     """L = gamma L_S + (1 - gamma) L_T after the warm-up (code default 0.5; README 0.2-0.6; the
     novel-class trainer hard-codes 0.5)."""
@@ -75,7 +75,7 @@ class MetaVersHyper(HyperParams):
     """``select``: m = max(d, m_global) + margin_hp (code ``--d_from select``); ``fixed``:
     m = fixed_margin + margin_hp, no gradient (``--d_from margin``, Table 5 "Only Triplet")."""
     fixed_margin: NonNegativeFloat = 0.75
-    """The fixed margin (paper Table 5: 0.75; the README example uses 3.0; spec diff 12)."""
+    """The fixed margin (paper Table 5: 0.75; the README example uses 3.0; docs/papers/metavers.md)."""
     margin_hp: float = 0.0
     """Added to the margin (code ``--margin_hp``, 0)."""
     initial_margin: float = 0.0
@@ -93,7 +93,7 @@ class MetaVersHyper(HyperParams):
     """StepLR period in rounds (0: none, the benchmark; 5000 in the novel-class trainer)."""
     lr_gamma: PositiveFloat = 0.5
     """StepLR factor (novel-class trainer: 0.5)."""
-    # -- the novel-class trainer (spec "Novel-class training") ---------------------------------------
+    # -- the novel-class trainer (docs/papers/metavers.md) ---------------------------------------
     margin_update: Literal["round", "client"] = "round"
     """``round``: m_global averaged once after each round tau >= W (``trainer.py:433-437``);
     ``client``: in rounds tau > W, re-averaged before every client, over a list that already holds
@@ -105,33 +105,33 @@ class MetaVersHyper(HyperParams):
     """With batch statistics (BatchNorm) only: L_S embeds support and query in two passes
     (``split``, ``util.meta_update``) or the whole episode in one (``joint``,
     ``meta_update_frl``). Without BatchNorm all passes give the same embeddings and one is run."""
-    # -- code-vs-paper switches (spec "Code-vs-paper differences"), off by default -----------------
+    # -- code-vs-paper switches (docs/papers/metavers.md), off by default -----------------
     update: Literal["fedsgd_adam", "local_sgd"] = "fedsgd_adam"
-    """``fedsgd_adam``: gradients averaged, one server Adam step (the code, diff 1);
+    """``fedsgd_adam``: gradients averaged, one server Adam step (the code);
     ``local_sgd``: each client takes theta_i = theta - local_lr * grad L and the server averages
     the theta_i (paper Eq. 5-6)."""
     local_lr: PositiveFloat = 0.001
     """eta of Eq. 5 (``update: local_sgd``; not given in the paper's main text)."""
     global_margin: Literal["window", "recursive"] = "window"
-    """``window``: the mean of the last ``margin_window`` local margins (the code, diff 2);
+    """``window``: the mean of the last ``margin_window`` local margins (the code);
     ``recursive``: Eq. 7, m^(tau+1) = (sum of the past W-1 global margins + this round's mean d) / W
     (missing past values count as ``initial_margin``)."""
     w_role: Literal["warmup", "interval"] = "warmup"
-    """``warmup``: W is an L_S-only warm-up and the start of margin averaging (the code, diff 3);
+    """``warmup``: W is an L_S-only warm-up and the start of margin averaging (the code);
     ``interval``: no warm-up (mixed loss from the first round, margin averaged after every round)
     and the window is the last W rounds' margins (the paper's averaging interval)."""
     margin_scale: Literal["pair_mean", "eq3"] = "pair_mean"
-    """``pair_mean``: d = mean over class pairs (the code, diff 4); ``eq3``: x N/(N-1), the paper's
+    """``pair_mean``: d = mean over class pairs (the code); ``eq3``: x N/(N-1), the paper's
     1/(N-1)^2 sum over ordered pairs."""
     squared: bool = True
-    """Squared distances in the L_S logits and the triplet hinge (the code, diff 5); False:
+    """Squared distances in the L_S logits and the triplet hinge (the code); False:
     Euclidean (paper). The margin d is Euclidean either way."""
     triplet_negative: Literal["anchor", "positive"] = "anchor"
-    """Negative term d(a_c, n) (the code, diff 6) or d(p, n) (paper Eq. 4)."""
+    """Negative term d(a_c, n) (the code) or d(p, n) (paper Eq. 4)."""
     triplet_reduction: Literal["mean", "sum"] = "mean"
-    """L_T: mean over pairs then classes (the code, diff 7) or the sum over all (paper)."""
+    """L_T: mean over pairs then classes (the code) or the sum over all (paper)."""
     margin_grad: bool = True
-    """Gradient flows through m = d when d >= m_global (the code, diff 8); False: m detached."""
+    """Gradient flows through m = d when d >= m_global (the code); False: m detached."""
 
     def __post_init__(self) -> None:
         if self.margin_update == "client" and self.global_margin == "recursive":

@@ -1,5 +1,5 @@
-"""Per-FedAvg (Fallah et al., 2020) as the CAFeMe code runs it (CAFeMe spec, "Baselines as
-implemented in the code": Per-FedAvg; code ``PerFedAvg_Client``).
+"""Per-FedAvg (Fallah et al., 2020) as the CAFeMe code runs it (docs/papers/cafeme.md: Per-FedAvg; code
+``PerFedAvg_Client``).
 
 From the global model theta, for each of S iterations, on successive train batches b1, b2, b3:
 
@@ -18,13 +18,13 @@ Server: uniform mean. At evaluation the code does not run Per-FedAvg's one-step 
 ``perfl_eval`` is the common protocol (SGD at ``lr_ft`` over all parameters, decayed x0.8 every 5
 steps, 50 steps), so ``finetune_at_eval`` is True and alpha plays no role at test time.
 
-FedL2P stage 1 (PerFedAvg(HF) pretraining of Table 1; FedL2P spec, "Pretraining the global
-model"): with a model that keeps BN state (KLD-BN ResNet, beta 1 = plain BatchNorm) every
+FedL2P stage 1 (PerFedAvg(HF) pretraining of Table 1; docs/papers/fedl2p.md): with a model that keeps BN
+state (KLD-BN ResNet, beta 1 = plain BatchNorm) every
 train-mode forward of an iteration updates the running statistics, in order, as one BatchNorm
 module in train mode would: b1 at theta, b2 at theta~, then the Hessian-vector product's forwards
 on b3 (two for the central difference, one for the exact product); the server averages them with
 the parameters' weights. Neither the FedL2P paper ("recommended hyperparameters used by the
-authors") nor its code gives the values (spec, "Unknowns"); the FedL2P suites take those of the
+authors") nor its code gives the values (docs/papers/cafeme.md); the FedL2P suites take those of the
 Per-FedAvg paper's experiments (Fallah et al., 2020, Sec. 5): alpha = 0.001, beta = 0.001,
 tau = 10 local iterations, delta = 0.001, and no logging batch (``skip_logging_batch: false``;
 that batch is a CAFeMe-code artefact). These defaults below stay the CAFeMe code's.

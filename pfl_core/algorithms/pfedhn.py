@@ -12,7 +12,7 @@ code ``experiments/pfedhn/trainer.py``, AvivSham/pFedHN), for each sampled clien
    (d theta_i / d phi)^T (theta_i - theta_tilde_i) (:meth:`PFedHN.carry_out`, the upload), and
    the server takes one clipped SGD step with momentum and weight decay (:meth:`PFedHN.aggregate`).
 
-The code samples **one client per round** (``random.choice``; MetaVers spec, "Clients per round"):
+The code samples **one client per round** (``random.choice``; docs/papers/metavers.md):
 that is this method's default (``clients_per_round``), whatever ``federation.clients_per_round``
 says. With several clients per round their VJPs are averaged (the code has no such case). The
 code trains for 5000 such rounds (``--num-steps``); the round count is the suite's.
@@ -65,7 +65,7 @@ class PFedHNHyper(HyperParams):
     n_hidden: NonNegativeInt = 3
     """Hidden Linear layers after the first, each behind a ReLU (code ``--n-hidden`` 3)."""
     clients_per_round: NonNegativeInt = 1
-    """Clients sampled per round: 1 in the pFedHN code (MetaVers spec, "Clients per round"), the
+    """Clients sampled per round: 1 in the pFedHN code (docs/papers/metavers.md), the
     default here whatever ``federation.clients_per_round`` (5 for the rest of MetaVers' Table 2)
     says; 0 takes ``federation.clients_per_round``."""
     batch_draw: Literal["fresh_shuffle", "stream"] = "fresh_shuffle"

@@ -3,7 +3,7 @@
 Each client i approximately solves the Moreau-envelope problem
 ``theta_i(w_i) = argmin_theta f_i(theta) + lam/2 ||theta - w_i||^2`` with K_p gradient steps on one
 mini-batch, then moves its local copy ``w_i <- w_i - lr * lam * (w_i - theta_i)`` (pFedMe paper,
-Algorithm 1; CGPFL spec, "pFedMe: the authors' reference implementation", "Local training"). After
+Algorithm 1; docs/papers/cgpfl.md). After
 R such local rounds the server mixes ``w <- (1 - beta) w + beta * avg_i w_i``.
 
 The mechanism is written once, as :func:`moreau_inner_solve` and :func:`prox_local_rounds`, and CGPFL
@@ -11,8 +11,8 @@ The mechanism is written once, as :func:`moreau_inner_solve` and :func:`prox_loc
 context model: CGPFL with K = 1 *is* this code path (CGPFL paper, Eq. 2 remark: "K = 1 ... equivalent
 to ... pFedMe").
 
-Known behaviours of the authors' code (CharlieDinh/pFedMe), each a named switch (CGPFL spec,
-"pFedMe: the authors' reference implementation" and "Code-vs-paper differences" 9, 10, 12):
+Known behaviours of the authors' code (CharlieDinh/pFedMe), each a named switch (docs/papers/cgpfl.md and
+"Code-vs-paper differences" 9, 10, 12):
 
 * ``hidden_l2`` (default 0.0): the pFedMe optimizer's hidden ``mu * theta`` term (mu = 0.001 in
   the code, in neither paper). 0.001 reproduces the code.
@@ -155,8 +155,8 @@ class ProxHyper(HyperParams):
     """eta, the local-model step ``w <- w - lr*lam*(w - theta)`` (CGPFL Table 1: lr = 0.005 for
     MNIST/FMNIST, 0.03 for CIFAR10; pFedMe README MNIST: 0.005)."""
     personal_lr: PositiveFloat = 0.1
-    """The inner (personal) step on theta (pFedMe README: 0.1 MLR, 0.09 DNN, 0.01 CNN; CGPFL spec
-    "Which step size is lr" harness default)."""
+    """The inner (personal) step on theta (pFedMe README: 0.1 MLR, 0.09 DNN, 0.01 CNN; docs/papers/cgpfl.md
+    harness default)."""
     lam: NonNegativeFloat = 12.0
     """lambda, the proximal regularization (CGPFL Table 1 caption: 12; pFedMe code: 15)."""
     inner_steps: PositiveInt = 5
@@ -170,12 +170,12 @@ class ProxHyper(HyperParams):
     """The scored model: ``local`` = w_i after the R local rounds, what the pFedMe authors' code
     reports as "PM" (issue #5, parameter aliasing; the default, as the published pFedMe numbers);
     ``theta`` = theta_i, the last inner solve (pFedMe paper Eq. 7, CGPFL Algorithm 1 output
-    Theta^T_I; the CGPFL spec's former harness default)."""
+    Theta^T_I; a former harness choice)."""
     theta_start: str = "received"
     """Where theta_i starts each round: ``received`` = the model the client receives this round
     (pFedMe code: ``set_parameters`` overwrites theta, the model's parameters, every round);
     ``persist`` = theta_i from the client's previous round (pFedMe paper Algorithm 1 and CGPFL
-    Algorithm 1 leave it open; the CGPFL spec's former harness default)."""
+    Algorithm 1 leave it open; a former harness choice)."""
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:

@@ -1,5 +1,5 @@
 """``embeddings``: the finished model's feature embeddings of evaluation samples, for the t-SNE of
-MetaVers Figure 2 ("t-SNE of CINIC-10 test embeddings"; spec, "Tables & figures").
+MetaVers Figure 2 ("t-SNE of CINIC-10 test embeddings"; docs/papers/metavers.md).
 
 Each evaluated client's samples of the protocol's split are embedded by the model that client
 evaluates with (``algorithm.predictor``: the global model of FedAvg or MetaVers, a Local client's

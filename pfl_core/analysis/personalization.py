@@ -1,4 +1,4 @@
-"""What FedL2P's meta-nets say about the clients (spec "Tables & figures"): pure functions of the
+"""What FedL2P's meta-nets say about the clients (docs/papers/fedl2p.md): pure functions of the
 per-client arrays the ``finetune_pretrained`` protocol logs (``personalization.npz``: ``beta``
 [clients, 20], ``eta`` [clients, 62], ``xi`` [clients, 20], ``x`` [clients, 82], ``group``).
 
@@ -31,18 +31,18 @@ from pfl_core.fields import NonNegativeInt
 class ClusteringSettings(HyperParams):
     """Table 6's spectral clustering. The paper says only "the default parameters for spectral
     clustering from scikit-learn" with the discretization label assignment of Yu & Shi (paper
-    footnote 7, spec "Table 6"); the affinity and the number of clusters are unknowns (spec
-    "Unknowns") and these defaults are the spec's harness choice."""
+    footnote 7, docs/papers/fedl2p.md); the affinity and the number of clusters are unknowns
+    (docs/papers/fedl2p.md) and these defaults are a harness choice."""
 
     affinity: Literal["rbf", "nearest_neighbors"] = "rbf"
     """``rbf``: exp(-gamma ||a - b||^2) of the Euclidean distance between two clients' vectors
-    (scikit-learn's default affinity; spec harness default)."""
+    (scikit-learn's default affinity; a harness choice)."""
     gamma: float = 1.0
-    """RBF width; 1.0 is scikit-learn's default (spec harness default)."""
+    """RBF width; 1.0 is scikit-learn's default (a harness choice)."""
     assign_labels: Literal["discretize", "kmeans", "cluster_qr"] = "discretize"
     """Label assignment on the Laplacian embedding: the paper's "discretization approach" [58]."""
     n_clusters: NonNegativeInt = 0
-    """Number of clusters; 0 = the number of distinct domains (spec harness default)."""
+    """Number of clusters; 0 = the number of distinct domains (a harness choice)."""
     random_state: int = 0
     """Seed of the eigen-solver's and the discretization's random initialisation."""
 
@@ -113,7 +113,7 @@ def cluster_distance_map(features: np.ndarray, domains: Sequence) -> tuple[np.nd
 def lr_sparsity(etas: np.ndarray) -> np.ndarray:
     """Figures 2 and 4: per client, the share of its learning rates (one per parameter tensor, 62
     for ResNet-18) that are exactly 0. Per tensor, not per parameter, as the authors' code
-    computes it (spec "Implementation details" 5; the paper's footnote 6 says "parameters")."""
+    computes it (docs/papers/fedl2p.md; the paper's footnote 6 says "parameters")."""
     etas = np.asarray(etas)
     if etas.ndim != 2:
         raise ValueError(f"lr_sparsity needs [clients, tensors] learning rates, got shape {etas.shape}")

@@ -4,7 +4,7 @@ gradient it shared, by optimising dummy inputs until their gradient matches it.
 The attacker rehearses the client's loss on dummy *unknowns* (the image, and whatever else it does
 not know: the label, MetaVers' prototypes) and minimises the gradient distance
 ``sum_l ||grad_l(dummies) - shared_l||^2`` (DLG Eq. 4, summed over every parameter tensor) with
-L-BFGS. MetaVers Figure 3 runs it 300 iterations at learning rate 1 (spec, "Tables & figures")
+L-BFGS. MetaVers Figure 3 runs it 300 iterations at learning rate 1 (docs/papers/metavers.md)
 against two gradients:
 
 * :func:`classifier_gradient_target`: FedAvg's gradient of a classifier's cross-entropy on one

@@ -164,7 +164,7 @@ def partition_rngs(seeding: str, streams: RunStreams) -> tuple:
 
     ``streams``: both from the run's ``partition`` stream (one generator, continued in split
     order). ``reseed``: as the MetaVers code re-seeds every RNG with the run seed before Step A and
-    before each Step B (MetaVers spec, "Re-seeding"): ``np.random.RandomState(seed)`` (numpy's
+    before each Step B (docs/papers/metavers.md): ``np.random.RandomState(seed)`` (numpy's
     global generator after ``np.random.seed(seed)``) for the assignment, a fresh
     ``random.Random(seed)`` (``random.shuffle`` after ``random.seed(seed)``) for each split."""
     if seeding == "reseed":
@@ -180,7 +180,7 @@ def source_split_clients(dataset: ArrayDataset, num_clients: int, partition: str
                          source_splits: dict[str, str], assign_rng, split_rng: Callable,
                          per_group: bool = False) -> list[Client]:
     """Clients whose splits come from different source splits of ``dataset`` with ONE class
-    assignment (MetaVers spec, "Client split": Step A once, Step B per source split): client split
+    assignment (docs/papers/metavers.md: Step A once, Step B per source split): client split
     ``name`` of client i is client i's part of source split ``source_splits[name]``, whole. With a
     single source split any partitioner serves (e.g. ``shards`` on the novel-class ``train`` split).
     ``per_group``: each of the dataset's groups on its own, clients g*m .. g*m+m-1 in group g."""

@@ -1,5 +1,4 @@
-"""CGPFL's "3 classes per client, [400, 5000] samples" split (CGPFL spec, "Data", "Feasibility
-problem the harness must resolve").
+"""CGPFL's "3 classes per client, [400, 5000] samples" split (docs/papers/cgpfl.md).
 
 The paper's rule (40 clients, 3 of 10 classes each, sizes "randomly chosen from [400, 5000]") asks
 for about 108,000 samples out of 60,000 on average, so it cannot hold with disjoint clients. The

@@ -1,4 +1,4 @@
-"""CIFAR-10-C as the FedL2P code splits it (FedL2P spec, "CIFAR-10-C"; its ``cifar10C_dataset.py``).
+"""CIFAR-10-C as the FedL2P code splits it (docs/papers/fedl2p.md; its ``cifar10C_dataset.py``).
 
 The release (Hendrycks & Dietterich, https://zenodo.org/record/2535967, ``CIFAR-10-C.tar``)
 unpacks to ``CIFAR-10-C/<corruption>.npy`` (50,000 x 32 x 32 x 3 uint8: severities 1..5, 10,000
@@ -8,7 +8,7 @@ then a stratified 20% of the rest as validation (same seed): 6,400 train / 1,600
 The labels file is shared by all corruptions, so are the split positions. Each split holds the
 corruptions one after the other (``all``: train, val, test, each so); ``groups`` is the corruption's position in
 ``corruptions`` (``group_names``), so ``data.partition_per_group`` gives every corruption its own
-clients (the spec's 25 per corruption, 250 in all, with one Dirichlet matrix).
+clients (25 per corruption, 250 in all, with one Dirichlet matrix).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CINIC-10 as the MetaVers code reads it (MetaVers spec, "Base datasets and transforms").
+"""CINIC-10 as the MetaVers code reads it (docs/papers/metavers.md).
 
 The official archive (``CINIC-10.tar.gz``) unpacks to ``train/``, ``valid/`` and ``test/``, each
 with one folder per class (``airplane`` ... ``truck``) of 32x32 PNGs, 9,000 per class and split.

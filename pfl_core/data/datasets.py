@@ -1,4 +1,4 @@
-"""Dataset registry and loaders (DESIGN.md, "Federated data").
+"""Dataset registry and loaders (docs/data.md).
 
 Each registered loader is ``fn(data_dir: Path, split: str, download: bool, **params) -> ArrayDataset``
 with ``split`` in ``"train" | "test" | "all"`` (all = train then test); a loader whose dataset also
@@ -216,8 +216,8 @@ def emnist(data_dir: Path, split: str, download: bool, emnist_split: str = "bycl
 
 MeanStd = Literal["none", "metavers", "fedl2p"]
 """A loader's ``mean_std``: ``none`` leaves inputs in [0, 1]; ``metavers`` is ToTensor then the
-per-channel Normalize of the MetaVers code (MetaVers spec, "Transforms"; its ``get_datasets``);
-``fedl2p`` the FedL2P code's CIFAR-10 / CIFAR-10-C Normalize (FedL2P spec, "Transforms")."""
+per-channel Normalize of the MetaVers code (docs/papers/metavers.md; its ``get_datasets``);
+``fedl2p`` the FedL2P code's CIFAR-10 / CIFAR-10-C Normalize (docs/papers/fedl2p.md)."""
 
 METAVERS_MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
@@ -240,7 +240,7 @@ def mean_std_of(name: str, mean_std: str) -> dict:
 
 
 def train_val_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The MetaVers code's train/val cut of a training set of ``n`` (MetaVers spec, "Base datasets"):
+    """The MetaVers code's train/val cut of a training set of ``n`` (docs/papers/metavers.md):
     ``torch.utils.data.random_split(dataset, [n - val_size, val_size])`` right after
     ``torch.manual_seed(seed)``, i.e. one ``randperm(n)`` of the seeded CPU generator; returns the
     (train, val) positions in that permutation's order (the order of the code's ``Subset``)."""

@@ -153,8 +153,8 @@ def office_caltech10(data_dir: Path, split: str, download: bool, equal_samples: 
                      normalize: bool = True, normalize_everywhere: bool = False) -> ArrayDataset:
     """Office-Caltech-10 (4 domains x 10 classes), uint8 (N, 3, 256, 256); never downloaded.
 
-    ``equal_samples`` (spec: on), ``val_fraction`` (0.2) and ``split_seed`` (the code's fixed seed 1)
-    as in the module docstring; ``image_size`` is the spec's 256 (smaller only for smoke runs).
+    ``equal_samples`` (on), ``val_fraction`` (0.2) and ``split_seed`` (the code's fixed seed 1)
+    as in the module docstring; ``image_size`` is 256 (smaller only for smoke runs).
     ``normalize``: ImageNet Normalize on training batches (``office_fedl2p.yaml``: true; the FT
     baselines' ``office.yaml`` has none: false). ``normalize_everywhere`` (fedl2p.md, "Office",
     Normalization): false (default) reproduces the code, whose evaluation loaders never pass

@@ -1,4 +1,4 @@
-"""Federated data held as resident tensors plus per-client index tensors (DESIGN.md, "Federated data").
+"""Federated data held as resident tensors plus per-client index tensors (docs/data.md).
 
 A dataset is loaded once. Images stay ``uint8`` until a batch is drawn; :meth:`ArrayDataset.batch`
 converts only the rows it returns. A client is a set of named index tensors into the dataset (one
@@ -152,7 +152,7 @@ def standardize(dataset: ArrayDataset, mode: str, eps: float = 0.001,
 
     * ``none``: the loader's own (inputs in [0, 1], or the dataset's published mean/std);
     * ``pixel``: per-element standardisation, (x - mean) / (std + eps), the statistics taken over
-      the whole loaded dataset (the pFedMe code's MNIST preprocessing, CGPFL spec, "Preprocessing")
+      the whole loaded dataset (the pFedMe code's MNIST preprocessing, docs/papers/cgpfl.md)
       or over ``rows`` only (a tuning run's training samples, ``data.normalize_stats``);
     * ``half``: (x - 0.5) / 0.5 per channel, i.e. ToTensor + Normalize(0.5, 0.5) (pFedMe's CIFAR-10).
     """

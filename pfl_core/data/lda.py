@@ -1,4 +1,4 @@
-"""flwr's ``create_lda_partitions`` at index-level parity (FedL2P spec, "Partitioning by LDA").
+"""flwr's ``create_lda_partitions`` at index-level parity (docs/papers/fedl2p.md).
 
 The FedL2P code partitions with flwr 0.19's ``create_lda_partitions`` (its helpers from flwr 0.17's
 ``flwr/dataset/utils/common.py``). This module restates that algorithm on sample indices:
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 LDA_EPS = 1e-5
-"""flwr ``exclude_classes_and_normalize``'s default eps (spec, "Partitioning by LDA", step 4)."""
+"""flwr ``exclude_classes_and_normalize``'s default eps (docs/papers/fedl2p.md, step 4)."""
 _SMALL_QUICKSORT = 15
 
 

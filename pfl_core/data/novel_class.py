@@ -1,4 +1,4 @@
-"""Datasets of MetaVers' novel-class protocol (Table 6; MetaVers spec, "Novel-class protocol data").
+"""Datasets of MetaVers' novel-class protocol (Table 6; docs/papers/metavers.md).
 
 Both have three splits with *disjoint classes*: ``train`` (the 64 classes the clients hold),
 ``val`` (16) and ``test`` (20), and ``all`` (the three in that order). Like the code
@@ -96,7 +96,7 @@ def miniimagenet(data_dir: Path, split: str, download: bool) -> ArrayDataset:
 def cifar100_novel(data_dir: Path, split: str, download: bool, swap_hw: bool = True) -> ArrayDataset:
     """CIFAR-100 split by class for the novel-class protocol: train 0-63, val 84-99, test 64-83;
     uint8 (N, 3, 32, 32), batches in [0, 255]. ``swap_hw`` (default True, the code's
-    ``transpose(1, 3)`` of HWC images, MetaVers spec diff 15): images stored as (C, W, H); False
+    ``transpose(1, 3)`` of HWC images, docs/papers/metavers.md): images stored as (C, W, H); False
     stores them upright (C, H, W)."""
     parts = _open_splits(lambda train, dl: _torchvision_datasets().CIFAR100(data_dir, train=train, download=dl),
                          "CIFAR-100", data_dir, "all", download, data_dir / "cifar-100-python")

@@ -138,7 +138,8 @@ def lda(
 
 lda.phases = (lda_plan, lda_apply)
 """Two-phase form: one Dirichlet matrix (and one running numpy stream) for train, val and test, as
-the code reuses the training partition's matrix for the test partition (spec, step 5)."""
+the code reuses the training partition's matrix for the test partition (flwr's ``create_lda_partitions``,
+step 5; docs/papers/fedl2p.md)."""
 
 
 def assign_classes(
@@ -348,14 +349,14 @@ def partition_sources(
     """Partition several source splits (name -> its labels) with ONE assignment of classes to
     clients: the partitioner's first phase once, on the first split's labels, with ``assign_rng``;
     its second phase on each split, in order, with ``split_rng(split)``. Returns each split's
-    per-client indices (into that split's labels). MetaVers spec, "Client split": Step A once,
+    per-client indices (into that split's labels). docs/papers/metavers.md: Step A once,
     Step B per split.
 
     ``groups`` (split -> one group id per sample: corruption, domain) partitions every group on its
     own among ``num_clients / G`` clients, group by group in id order and split by split inside a
     group (clients g*m .. g*m+m-1 form group g), all under the one assignment: the FedL2P code's
     CIFAR-10-C and DomainNet re-draw the Dirichlet matrix per group from ``default_rng(1)``, i.e.
-    the same matrix for every group (FedL2P spec diff 14), while numpy's global stream runs on."""
+    the same matrix for every group (docs/papers/fedl2p.md), while numpy's global stream runs on."""
     fn = _checked_params(name, num_clients, params)
     if not hasattr(fn, "phases"):
         two = sorted(n for n in PARTITIONERS.names() if two_phase(n))

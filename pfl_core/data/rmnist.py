@@ -17,7 +17,7 @@ So the work is split in two:
   (rotation group) of image i. Images keep their MNIST order, so labels are MNIST's labels.
 * The **partition** is chosen in the suite:
 
-  - the spec's "None" partition is ``group_split``: each group is shuffled with the partition RNG
+  - CAFeMe's "None" partition is ``group_split``: each group is shuffled with the partition RNG
     and cut into ``num_clients / num_groups`` equal clients, groups in sorted order, so clients
     ``m*g .. m*g+m-1`` all hold images of rotation group g (600 each for 100 clients);
   - Shards/Dirichlet are the ordinary ``shards``/``dirichlet`` partitioners on the MNIST labels of
@@ -68,7 +68,8 @@ def rmnist(
     angle_step: float = 20.0,
     rotation_seed: NonNegativeInt = 0,
 ) -> ArrayDataset:
-    """Rotated MNIST: MNIST ``split`` (the spec uses ``train``), uint8 (N, 1, 28, 28), 10 classes.
+    """Rotated MNIST: MNIST ``split`` (the CAFeMe suites use ``train``), uint8 (N, 1, 28, 28), 10
+    classes.
 
     Image i is rotated by ``angle_step * groups[i]`` degrees, where ``groups`` is the chunk of a
     ``rotation_seed``-seeded permutation it fell in (``num_groups`` chunks; see the module
@@ -106,7 +107,8 @@ def group_split(
 
     Groups are taken in sorted id order; each group's indices are shuffled with ``rng`` and cut
     into m = num_clients / num_groups near-equal parts (``np.array_split``), so clients
-    ``g*m .. g*m+m-1`` hold only group g. On ``rmnist`` this is the spec's default partition.
+    ``g*m .. g*m+m-1`` hold only group g. On ``rmnist`` this is the CAFeMe suites' default
+    partition.
     """
     groups = np.asarray(groups)
     if len(groups) != len(labels):

@@ -56,7 +56,7 @@ def seeded_random_split(n: int, sizes: list[int], seed: int) -> list[np.ndarray]
 
 def client_val_split(indices: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) of one client's training indices as the FedL2P CIFAR-10 loader cuts them
-    (FedL2P spec, "CIFAR-10": val = int(fraction * n), ``random_split`` with a generator seeded
+    (docs/papers/fedl2p.md: val = int(fraction * n), ``random_split`` with a generator seeded
     ``seed`` = 1, the same cut in every round and every run; 50 samples give 40 / 10)."""
     indices = np.asarray(indices, dtype=np.int64)
     val = int(fraction * len(indices))

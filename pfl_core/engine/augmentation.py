@@ -1,8 +1,8 @@
 """Per-sample augmentation of training batches in the engine (``data.augment``).
 
 FedL2P pretrains with the CIFAR-10 training transform RandomCrop(32, padding 4) +
-RandomHorizontalFlip, then Normalize, drawn per image by the DataLoader (FedL2P spec,
-"Transforms"; ``cifar10Transformation(augment=True)``). Here the random part is drawn on the host,
+RandomHorizontalFlip, then Normalize, drawn per image by the DataLoader (docs/papers/fedl2p.md;
+``cifar10Transformation(augment=True)``). Here the random part is drawn on the host,
 after a method's :meth:`~pfl_core.algorithms.base.Algorithm.draw`: for each of the method's
 ``train_streams`` in plan order, each batch in order, one crop offset and one flip per image
 (:func:`pfl_core.data.augment.crop_flip.draw_crop_flip`) from the client's own generator (stream ``augment``,

@@ -1,6 +1,6 @@
 """Running the sampled clients of a round: one at a time, or vmapped over stacks of clients.
 
-A method that writes its client update as a *program* (DESIGN.md, "Performance"; the init / step /
+A method that writes its client update as a *program* (docs/speed.md; the init / step /
 final split of FedJAX) gets both paths from the one definition:
 
 * :meth:`ClientProgram.carry_in` (host side): the client's start values from the server state and its

@@ -29,11 +29,11 @@ class EvalConfig(HyperParams):
     val_split: str = ""
     """Also evaluate this client split at every evaluation (e.g. ``val``), its summary keys
     prefixed ``val_`` (``val_acc``, ``val_avg_acc``, ...): the per-round validation history that
-    best-validation selection (MetaVers spec, "Model selection") and early stopping read. Empty:
+    best-validation selection (docs/papers/metavers.md) and early stopping read. Empty:
     the evaluated split only. Ignored when tuning (``target: validation`` evaluates ``val``)."""
     nvar: bool = False
-    """Protocol ``proto``: also log ``nvar`` of the test embeddings (MetaVers Table 4; spec
-    "Evaluation protocol", harness default: :func:`pfl_core.evaluation.proto.nvar`)."""
+    """Protocol ``proto``: also log ``nvar`` of the test embeddings (MetaVers Table 4;
+    docs/papers/fedl2p.md, harness default: :func:`pfl_core.evaluation.proto.nvar`)."""
     novel_val_split: str = "val"
     """Protocol ``novel_class``: the dataset split holding the validation classes (Table 6)."""
     novel_test_split: str = "test"
@@ -50,12 +50,12 @@ class EvalConfig(HyperParams):
     """Protocol ``finetune_pretrained``: fine-tuning epochs e (FedL2P: 15, and 5 for Tables 2 and 4)."""
     finetune_splits: list[str] = field(default_factory=lambda: ["train"])
     """Protocol ``finetune_pretrained``: the client splits fine-tuned on, joined (FedL2P CIFAR-10:
-    ``[train, val]``, all 50 samples, spec diff 7; other datasets ``[train]``)."""
+    ``[train, val]``, all 50 samples, docs/papers/fedl2p.md; other datasets ``[train]``)."""
     test_batch_size: PositiveInt = 50
     """Protocol ``finetune_pretrained``: test batch size (FedL2P code: 50)."""
     augment: bool = True
     """Protocol ``finetune_pretrained``: per-sample augmentation of the fine-tuning batches and of
-    the meta-net input pass (spec "Data": evaluation path)."""
+    the meta-net input pass (docs/papers/fedl2p.md: evaluation path)."""
     clients: Literal["seen", "unseen"] = "seen"
     """Protocol ``finetune_pretrained``: which clients are evaluated, the training clients
     (``seen``) or the held-out ones (``unseen``: Speech Commands' unseen speaker pool, Table 4)."""

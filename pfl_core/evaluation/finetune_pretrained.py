@@ -1,10 +1,10 @@
-"""FedL2P's evaluation protocol ``finetune_pretrained`` (spec "Evaluation protocol").
+"""FedL2P's evaluation protocol ``finetune_pretrained`` (docs/papers/fedl2p.md).
 
 Every client of the setting (``evaluation.params.clients``: the training clients, or the held-out
 ones for Speech Commands' unseen pool) personalizes the pretrained model and is tested:
 
 1. the client's fine-tuning data is its ``finetune_splits`` joined (CIFAR-10: train + val, all 50
-   samples, spec diff 7); its batches are drawn from the client's own stream (run seed, client), so
+   samples, docs/papers/fedl2p.md); its batches are drawn from the client's own stream (run seed, client), so
    every method sees the same batches (:func:`pfl_core.algorithms._lib.finetune.plan_client`);
 2. the meta-net inputs (xi, LRNet statistics) are computed once, on one per-sample augmented epoch
    of that data, with the pretrained model in init mode (:mod:`pfl_core.algorithms._lib.meta_inputs`);
@@ -133,8 +133,8 @@ def flip_rotate_augment(dataset, index: torch.Tensor, generator: torch.Generator
 
 def speech_augment(dataset, index: torch.Tensor, generator: torch.Generator):
     """Speech Commands: the code's training augmentation (time shift, background noise), which its
-    ``__getitem__`` also applies to the evaluation's fine-tuning and meta-input batches (spec
-    "Implementation details" 3), on the stored clips before their features."""
+    ``__getitem__`` also applies to the evaluation's fine-tuning and meta-input batches
+    (docs/papers/fedl2p.md), on the stored clips before their features."""
     import numpy as np
 
     from pfl_core.data.audio import SpeechAugment  # FedL2P domains (issue 14)
@@ -145,7 +145,8 @@ def speech_augment(dataset, index: torch.Tensor, generator: torch.Generator):
     return dataset.to_inputs(dataset.normalize(aug.apply(rows, aug.draw(len(y), rng)))), y
 
 
-#: per-sample augmentation of the evaluation's fine-tuning and meta-input batches, per dataset (spec "Data")
+#: per-sample augmentation of the evaluation's fine-tuning and meta-input batches, per dataset
+# (docs/papers/fedl2p.md)
 PER_SAMPLE_AUGMENT = {"cifar10": crop_flip_augment, "cifar10c": crop_flip_augment,
                       "office_caltech10": flip_rotate_augment, "domainnet": flip_rotate_augment,
                       "speech_commands": speech_augment}

@@ -1,4 +1,4 @@
-"""The novel-class protocol of MetaVers' Table 6 (spec "Novel classes"; ``util_novel_class.py``
+"""The novel-class protocol of MetaVers' Table 6 (docs/papers/metavers.md; ``util_novel_class.py``
 ``evaluation`` of the authors' code): protocol ``novel_class``.
 
 At every evaluation the global model embeds the images of classes it never trained on, held in
@@ -23,7 +23,7 @@ far: the number Table 6 reports. Early stopping as the code: ``federation.patien
 ``early_stopping_after: 0``, ``early_stopping_key: val_acc``.
 
 The embeddings are computed once per split and evaluation, in eval mode (BatchNorm with its running
-statistics, spec "Evaluate every 500 rounds (BN in eval mode)"), so they do not depend on how
+statistics, docs/papers/metavers.md), so they do not depend on how
 images are batched: the same numbers as the code's one batch per user. Groups are drawn from their
 own stream (run seed, split, evaluation number), the same for every method.
 """

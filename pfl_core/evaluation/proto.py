@@ -1,4 +1,4 @@
-"""Nearest-prototype evaluation (MetaVers spec, "Evaluation protocol": ``proto_eval``) and nVAR.
+"""Nearest-prototype evaluation (docs/papers/metavers.md: ``proto_eval``) and nVAR.
 
 Protocol ``proto``: on every training client, the prototypes are the mean embedding, per class, of
 the client's **entire** train split; every sample of the client's val and test splits is classified
@@ -13,14 +13,14 @@ Any method whose model has a feature embedding can be evaluated so: this is the 
 evaluation of MetaVers' Table 3 (FedAvg-Proto, ...), chosen by a suite with
 ``evaluation.protocol: proto``. The layer is the model's ``embed=True`` output
 (:func:`pfl_core.training.embed`): ReLU(fc2), the 84-d input of the classifier, for ``lenet``
-(the spec's harness default: the paper does not say which layer); the 84-d output for MetaVers'
+(a harness choice: the paper does not say which layer); the 84-d output for MetaVers'
 ``le_embedding``. A method may override it with an ``embedding(params, x)`` method.
 
 Per-client loss (the divergence witness of :func:`pfl_core.evaluation.check_finite_results`): the
 cross-entropy of the prototype logits over the client's own classes, on the samples whose label is
 one of them.
 
-nVAR (Table 4; :func:`nvar`) with the spec's harness default: class prototypes c_k from the test
+nVAR (Table 4; :func:`nvar`) with a harness choice: class prototypes c_k from the test
 embeddings of all clients pooled, n_k the nearest other prototype, nVAR = mean over classes of the
 mean over class-k samples of ||c_k - f(x)||^2 / ||c_k - n_k||^2. Logged as ``nvar`` when
 ``evaluation.params.nvar`` is true.

@@ -1,5 +1,5 @@
-"""CAFeMe's model: a base CNN modulated by a Federated Modulator (CAFeMe spec, "CAFeMe = base
-model + Federated Modulator (FM)"; paper Sec. 4, Eq. 4.4).
+"""CAFeMe's model: a base CNN modulated by a Federated Modulator (docs/papers/cafeme.md; paper Sec. 4,
+Eq. 4.4).
 
 The FM has its own convolutional trunk. Per sample it maps features to a 200-d vector, averages
 over the batch (the context), and maps the mean to modulation parameters zeta, which are split
@@ -59,7 +59,7 @@ class ModulatedCNN(nn.Module):
     """A :class:`BaseCNN` whose conv blocks, flatten and hidden dense blocks are modulated.
 
     ``forward(x, context_x=None, context_y=None)``: the context defaults to the batch being
-    classified (the code's behaviour, spec diff 2).
+    classified (the code's behaviour, docs/papers/cafeme.md).
     """
 
     def __init__(self, base: BaseCNN, fm_trunk: nn.Sequential, per_sample: list[int],

@@ -1,5 +1,5 @@
-"""CGPFL's CIFAR-10 CNN, "two convolutional layers and two fully connected layers" (CGPFL spec,
-"Models", harness default: the exact shapes are not published).
+"""CGPFL's CIFAR-10 CNN, "two convolutional layers and two fully connected layers" (docs/papers/cgpfl.md,
+harness default: the exact shapes are not published).
 
 Conv(3->6, 5x5) -> ReLU -> MaxPool 2 -> Conv(6->16, 5x5) -> ReLU -> MaxPool 2 -> flatten (400) ->
 Linear(400->120) -> ReLU -> Linear(120->10): 52,202 parameters for 10 classes. It is the pFedMe

@@ -1,4 +1,4 @@
-"""The CAFeMe base CNNs (CAFeMe spec, "Models"): model A for 1x28x28, model B for 3x32x32.
+"""The CAFeMe base CNNs (docs/papers/cafeme.md): model A for 1x28x28, model B for 3x32x32.
 
 BatchNorm never tracks running statistics: it normalises with the current batch's statistics in
 training and evaluation alike, as in the authors' code.
@@ -28,7 +28,7 @@ def dense_block(d_in: int, d_out: int) -> nn.Sequential:
 class BaseCNN(nn.Module):
     """Conv blocks, flatten, hidden dense blocks, linear output (``features`` then ``fc``).
 
-    The split into ``features`` (body) and ``fc`` (head) is the one FedRep uses in the spec.
+    The split into ``features`` (body) and ``fc`` (head) is the one FedRep uses in the CAFeMe code.
     """
 
     def __init__(self, features: nn.Sequential, fc: nn.Sequential):

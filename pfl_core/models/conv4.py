@@ -1,4 +1,4 @@
-"""The four-block conv backbones of MetaVers (MetaVers spec, "Models"), embedding networks whose
+"""The four-block conv backbones of MetaVers (docs/papers/metavers.md), embedding networks whose
 output *is* the embedding (``num_classes`` is unused: prototypes classify), like ``le_embedding``.
 
 ``conv4``: learn2learn's ``CNN4Backbone`` as the MetaVers code builds it (``Convnet``: 3 channels,

@@ -1,4 +1,4 @@
-"""KLD-BatchNorm (FedL2P spec, "KLD-BatchNorm"; paper Eq. 2) and functional BatchNorm state.
+"""KLD-BatchNorm (docs/papers/fedl2p.md; paper Eq. 2) and functional BatchNorm state.
 
 Unlike the project's other models (``pfl_core.models``: BatchNorm without running statistics),
 FedL2P's ResNets keep BatchNorm statistics, and they are *state*, carried beside the parameters:
@@ -88,7 +88,7 @@ def has_bn_state(model: nn.Module) -> bool:
 @contextmanager
 def bn_mode(model: nn.Module, mode: BNMode) -> Iterator[nn.Module]:
     """Put ``model`` in ``train``, ``eval`` or ``init`` mode (eval with the pretrained statistics
-    alone, the spec's "init mode") for the block, and restore its modes afterwards."""
+    alone, "init mode") for the block, and restore its modes afterwards."""
     if mode not in ("train", "eval", "init"):
         raise ValueError(f"bn mode must be train, eval or init, got {mode!r}")
     training = {m: m.training for m in model.modules()}
@@ -153,7 +153,7 @@ def load_pretrained(model: nn.Module, state: Mapping, running_init: Literal["res
 
     The pretrained statistics become ``init_running_mean``/``init_running_var`` (mu_pt, sigma2_pt).
     The client's running statistics restart at (0, 1) with the counter at 0 (``reset``: the
-    FedL2P code's KLD-BN, spec "KLD-BatchNorm") or at the pretrained statistics (``pretrained``:
+    FedL2P code's KLD-BN, docs/papers/fedl2p.md) or at the pretrained statistics (``pretrained``:
     the plain fine-tuning client, FT (BN C)). beta starts at 1."""
     if running_init not in ("reset", "pretrained"):
         raise ValueError(f"running_init must be 'reset' or 'pretrained', got {running_init!r}")

@@ -1,9 +1,9 @@
-"""The pFedHN/pFedGP LeNet family used by MetaVers (MetaVers spec, "Models").
+"""The pFedHN/pFedGP LeNet family used by MetaVers (docs/papers/metavers.md).
 
 ``lenet``: pFedHN's target network (``CNNTarget``), conv5x5(16) -> ReLU -> pool, conv5x5(32) ->
 ReLU -> pool, Linear(800 -> 120) -> ReLU, Linear(120 -> 84) -> ReLU, Linear(84 -> classes). Its
-embedding (:func:`pfl_core.training.embed`) is ReLU(fc2), the 84-d input of the classifier (the
-spec's harness default for the ``-Proto`` evaluation of Table 3).
+embedding (:func:`pfl_core.training.embed`) is ReLU(fc2), the 84-d input of the classifier (a
+harness choice for the ``-Proto`` evaluation of Table 3).
 
 ``le_embedding``: MetaVers' ``LeEmbedding``, the same trunk without the classifier and without
 the ReLU after fc2; its output *is* the 84-d embedding. 120,332 parameters.

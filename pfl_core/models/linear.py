@@ -1,5 +1,5 @@
 """Models on flat features: multinomial logistic regression and a one-hidden-layer DNN
-(CGPFL spec, "Models"; pFedMe's MLR/DNN)."""
+(docs/papers/cgpfl.md; pFedMe's MLR/DNN)."""
 from __future__ import annotations
 
 import math

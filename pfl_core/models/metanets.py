@@ -1,11 +1,11 @@
-"""FedL2P's meta-nets (FedL2P spec, "Meta-nets"; paper Appendix E; code ``weight_net.py``).
+"""FedL2P's meta-nets (docs/papers/fedl2p.md; paper Appendix E; code ``weight_net.py``).
 
 * BNNet: xi (one KL divergence per BN layer) -> one beta per BN layer in [0, 1].
 * LRNet: x (mean and std of every learnable module's input) -> one multiplier per parameter tensor
   in [0, 1000]; the learning rate of tensor j is eta_j = m_j * eta_tilde_j.
 
 Both are Linear -> ReLU -> Linear -> ReLU -> Linear (two hidden layers of 100, the code; the paper's
-"one hidden layer" in Section 3.2 is spec diff 3) ending in a clamp with a straight-through
+"one hidden layer" in Section 3.2 is docs/papers/fedl2p.md) ending in a clamp with a straight-through
 estimator. Every Linear weight is xavier_normal (gain 0.1); biases are 0.5 (BNNet) and 1.0 (LRNet),
 so beta starts near 0.5 and m near 1. For ResNet-18: BNNet 20 -> 20 (14,220 parameters), LRNet
 82 -> 62 (24,662), eta_tilde 62: lambda = 38,944 scalars.
@@ -20,7 +20,7 @@ HIDDEN = 100
 
 def ste_clamp(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     """Clamp in the forward pass, identity in the backward pass (straight-through estimator):
-    the gradient flows even where the value was clamped (spec "STE")."""
+    the gradient flows even where the value was clamped (docs/papers/fedl2p.md)."""
     return x + (x.clamp(low, high) - x).detach()
 
 

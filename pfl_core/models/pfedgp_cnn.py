@@ -1,7 +1,7 @@
 """pFedGP's backbone (``experiments/backbone.py`` ``CNNTarget`` of IdanAchituve/pFedGP): the LeNet
 trunk of :mod:`pfl_core.models.lenet`, ReLU(fc2), then ``Linear(84 -> 84)``. Its output is the
 feature vector the per-client Gaussian process classifies, and also its embedding (the ``-Proto``
-evaluation's layer for pFedGP: MetaVers spec, "Evaluation protocol")."""
+evaluation's layer for pFedGP: docs/papers/metavers.md)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""The ResNet-18 backbones of FedL2P (FedL2P spec, "Backbones"), every BatchNorm a KLD-BatchNorm.
+"""The ResNet-18 backbones of FedL2P (docs/papers/fedl2p.md), every BatchNorm a KLD-BatchNorm.
 
 torchvision's ResNet-18 (BasicBlocks [2, 2, 2, 2], global average pool, fc), with torchvision's
 module names and initialisation (conv weights Kaiming-normal, fan_out; BN weight 1, bias 0; fc as
@@ -77,7 +77,7 @@ class ResNet18(nn.Module):
 
 def learnable_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that own parameters (convolutions, BN layers, the fc), in registration order:
-    LRNet's 41 input positions (FedL2P spec, "Meta-net inputs")."""
+    LRNet's 41 input positions (docs/papers/fedl2p.md)."""
     return [(n, m) for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))]
 
 

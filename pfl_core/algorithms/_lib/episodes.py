@@ -1,5 +1,5 @@
-"""Few-shot training episodes drawn from one client's train split, host side (MetaVers spec,
-"Episode construction"; the authors' ``trainer.py`` with learn2learn's ``NWays``/``KShots`` and
+"""Few-shot training episodes drawn from one client's train split, host side
+(docs/papers/metavers.md; the authors' ``trainer.py`` with learn2learn's ``NWays``/``KShots`` and
 ``util.meta_update``).
 
 An episode is two index tensors into the dataset, both in class blocks: ``support`` holds K

@@ -1,4 +1,4 @@
-"""Fine-tune-then-test of one client from the pretrained model (FedL2P spec "Evaluation protocol",
+"""Fine-tune-then-test of one client from the pretrained model (docs/papers/fedl2p.md,
 steps 2-5), the per-client recipe that says how, and the meta-net inputs a recipe may read.
 
 A method personalizes the pretrained model through a :class:`FinetuneRecipe` (its
@@ -11,7 +11,7 @@ Per client (:func:`plan_client` draws everything on the host, :func:`finetune` a
 
 1. the client's fine-tuning data (the protocol's ``finetune_splits``) is shuffled every epoch and
    cut into batches of 32 (the last one short), ``ceil(n/32) * e`` steps; every sample is augmented
-   on its own (per-sample crop/flip, spec "Data", evaluation path) by the protocol's augmentation;
+   on its own (per-sample crop/flip, docs/papers/fedl2p.md, evaluation path) by the protocol's augmentation;
 2. ``finetune``: manual SGD w_j <- w_j - eta_j g_j in train mode (KLD-BN: batch statistics mixed
    with the pretrained ones by beta, running statistics updated with momentum 0.1);
 3. ``score_test``: the client's test split in a fixed order, batches of 50, in eval mode (train
@@ -56,25 +56,24 @@ class FinetuneRecipe:
     statistics, 0 = pretrained statistics (paper Eq. 2)."""
     lrs: list[torch.Tensor] | float | None
     """One learning rate per parameter tensor (``named_parameters`` order; FedL2P's eta = LRNet(x) *
-    eta-tilde), one for all, or None: the protocol's ``lr`` (the baselines' FT lr, spec
-    "Hyperparameters per dataset")."""
+    eta-tilde), one for all, or None: the protocol's ``lr`` (the baselines' FT lr, docs/papers/fedl2p.md)."""
     running_init: Literal["reset", "pretrained"] = "reset"
     """Where the client's running statistics start: ``reset`` = (0, 1), the KLD-BN client of the
-    authors' code (spec diff 6); ``pretrained`` = the pretrained statistics, the plain FT client."""
+    authors' code (docs/papers/fedl2p.md); ``pretrained`` = the pretrained statistics, the plain FT client."""
     test_mode: Literal["eval", "train"] = "eval"
     """``eval``: test with the (beta-mixed) running statistics; ``train``: with each test batch's
-    own statistics (FT (BN I), spec "Baselines")."""
+    own statistics (FT (BN I), docs/papers/fedl2p.md)."""
     finetune: bool = True
     """False: test the pretrained model without any fine-tuning step (Global Accuracy, Tables 2, 4)."""
     skip_nonfinite: bool = False
     """True: a step whose loss is NaN/inf leaves the parameters as they are (its train-mode forward
     has moved the running statistics already), as the FedL2P client's evaluation does; the plain
-    FT client does not skip (spec "Implementation details" 4)."""
+    FT client does not skip (docs/papers/fedl2p.md)."""
 
 
 @dataclass
 class MetaInputs:
-    """A client's meta-net inputs, computed once on its fine-tuning data (spec "Meta-net inputs")."""
+    """A client's meta-net inputs, computed once on its fine-tuning data (docs/papers/fedl2p.md)."""
 
     xi: torch.Tensor
     """[num_bn] BNNet input: per BN layer, the channel mean of the symmetric KL divergence between

@@ -1,5 +1,5 @@
 """Implicit-function hypergradients with a truncated Neumann series (FedL2P paper Algorithm 2,
-after Lorraine et al. 2020; FedL2P spec "Hypergradient").
+after Lorraine et al. 2020; docs/papers/fedl2p.md).
 
 The learner weights ``w = W(lam)`` depend on the hyperparameters ``lam`` (FedL2P: through the
 last inner SGD step, whose learning rates come from ``lam``); the training loss ``L_T(w, lam)``

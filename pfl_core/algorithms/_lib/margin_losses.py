@@ -1,4 +1,4 @@
-"""MetaVers' episode losses as pure tensor code (MetaVers spec, "Losses"; paper Eq. 2-4).
+"""MetaVers' episode losses as pure tensor code (docs/papers/metavers.md; paper Eq. 2-4).
 
 The episode's embeddings arrive in class blocks (:mod:`pfl_core.algorithms._lib.episodes`): ``support`` holds K
 rows per class, and every row of the episode has a one-hot class row. Class sizes may differ

@@ -1,5 +1,5 @@
-"""The inputs of FedL2P's meta-nets, computed once per client on its training data (FedL2P spec,
-"Meta-net inputs"; paper Eq. 3 and 4).
+"""The inputs of FedL2P's meta-nets, computed once per client on its training data (docs/papers/fedl2p.md;
+paper Eq. 3 and 4).
 
 The pretrained model runs in init mode (eval mode with the pretrained BN statistics,
 :func:`pfl_core.models.kld_bn.bn_mode`) over the client's batches, and hooks read the *input* of

@@ -2,7 +2,7 @@
 
 The CAFeMe code keeps one ``torch.optim.Adam`` object per client: its moments and step counter
 carry over between that client's participations, while the parameter values are reloaded from the
-server model each round (CAFeMe spec, "CAFeMe client update", step 5). Here that state is a dict of
+server model each round (docs/papers/cafeme.md, step 5). Here that state is a dict of
 tensors (``step``, ``exp_avg``, ``exp_avg_sq``) kept in the client's state, and :func:`optimizer_step`
 is a pure function of (parameters, gradients, state): the same code runs for one client
 (sequential path) and vmapped over a stack of clients whose step counts differ (batched path).

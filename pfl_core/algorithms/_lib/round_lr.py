@@ -1,4 +1,4 @@
-"""Round learning-rate schedules of local training (FedL2P spec, "Pretraining the global model").
+"""Round learning-rate schedules of local training (docs/papers/fedl2p.md).
 
 The FedL2P code sets each round's client lr on the server (``classification_app.py``
 ``get_fit_config_fn``), with 1-indexed rounds r:

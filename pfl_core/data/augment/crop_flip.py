@@ -1,4 +1,4 @@
-"""CIFAR augmentation as host-side draws plus pure tensor functions (FedL2P spec, "Transforms").
+"""CIFAR augmentation as host-side draws plus pure tensor functions (docs/papers/fedl2p.md).
 
 The FedL2P code trains with RandomCrop(32, padding=4) + RandomHorizontalFlip + Normalize:
 
