@@ -307,3 +307,19 @@ def test_make_reproduce_metavers_runs_every_metavers_suite():
     out = make_dry_run("reproduce-metavers")
     assert sorted(set(re.findall(r"suites/metavers/(\w+)\.yaml", out))) == sorted(NAMES)
     assert "suites/cafeme" not in out and "suites/cgpfl" not in out
+
+
+@pytest.mark.parametrize("profile", ["paper", "quick", "smoke"])
+def test_table6_metavers_resolves_to_the_novel_class_trainer_of_the_code(profile):
+    """trainer_novel_class.py: one batch per episode (``meta_update_frl``: ce_forward joint), the margin
+    re-averaged per client over 500 values, rounds from 1, StepLR(5000, 0.5), 10 clients, Adam 1e-3."""
+    specs = [s for s in loaded("table6").expand(profile) if s.cell["method"] == "MetaVers"]
+    assert len(specs) == 2 and {s.config["model"]["name"] for s in specs} == {"conv4", "conv4_frl"}
+    for s in specs:
+        params = s.config["method"]["params"]
+        assert params["ce_forward"] == "joint"
+        assert {k: params[k] for k in ("margin_update", "margin_window", "first_round", "lr", "lr_step", "lr_gamma")} == {
+            "margin_update": "client", "margin_window": 500, "first_round": 1, "lr": 0.001, "lr_step": 5000,
+            "lr_gamma": 0.5}
+        if profile == "paper":
+            assert s.config["federation"]["clients_per_round"] == 10
