@@ -87,7 +87,7 @@ OVERRIDE_KEYS = {"when", "set"}
 MARK_KEYS = {"when", "mark", "text"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
-               "select_metric", "tolerance", "figure", "x_axis", "sample_sd"}
+               "select_metric", "tolerance", "figure", "x_axis", "sample_sd", "higher_is_better"}
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 QUANTITY_KEYS = {"cell", "quantity", "mean", "source"}

@@ -323,3 +323,20 @@ def test_table6_metavers_resolves_to_the_novel_class_trainer_of_the_code(profile
             "lr_gamma": 0.5}
         if profile == "paper":
             assert s.config["federation"]["clients_per_round"] == 10
+
+
+def test_table4_best_method_is_the_lowest_nvar():
+    """Table 4: nVAR, lower is better; the report's best method and bold values follow it."""
+    import pandas as pd
+
+    from benchmarks.reporting.metric import metric_spec
+    from benchmarks.reporting.table import conclusions
+    from benchmarks.reporting.text import _best
+
+    spec = metric_spec(loaded("table4"))
+    assert spec.higher_is_better is False
+    assert all(metric_spec(loaded(n)).higher_is_better for n in ("table2", "table3", "table5", "table6"))
+    table = pd.DataFrame({"method": ["FedAvg", "MetaVers"], "mean": [900.0, 400.0], "published_mean": [1000.0, 500.0]})
+    (found,) = conclusions(["method"], "method", table, spec.higher_is_better)
+    assert (found.best_ours, found.best_paper) == ("MetaVers", "MetaVers")
+    assert _best(table["mean"], spec.higher_is_better) == 400.0
