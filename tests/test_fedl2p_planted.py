@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-import pfl_core.finetune_protocol as protocol_module
+import pfl_core.evaluation.finetune_pretrained as protocol_module
 from pfl_core.evaluation import EvalConfig
 from pfl_core.experiment import prepare_run
 from pfl_core.federation import make_contexts
-from pfl_core.meta_inputs import meta_inputs
+from pfl_core.algorithms._lib.meta_inputs import meta_inputs
 from pfl_core.models.metanets import LRNet
 from pfl_core.training import model_params
 from tests.helpers import l2p_federation, one_thread  # noqa: F401

@@ -9,10 +9,10 @@ from pfl_core.algorithms.metavers import MetaVersUpdate
 from pfl_core.config import FederationConfig
 from pfl_core.data.datasets import METAVERS_MEAN_STD
 from pfl_core.early_stopping import stop_round
-from pfl_core.episodes import draw_episode
+from pfl_core.algorithms._lib.episodes import draw_episode
 from pfl_core.evaluation import EvalConfig
-from pfl_core.margin_losses import prototypical_ce
-from pfl_core.protocols import PROTOCOLS
+from pfl_core.algorithms._lib.margin_losses import prototypical_ce
+from pfl_core.evaluation import PROTOCOLS
 from pfl_core.training import embed, model_params
 from tests.helpers import make_method
 from tests.test_metavers import LinearEmbedding, episode_batch, pools_of
