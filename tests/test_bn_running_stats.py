@@ -130,3 +130,19 @@ def test_metavers_runs_keep_the_same_statistics_on_both_paths():
 def test_metavers_with_bn_state_needs_the_joint_passes():
     with pytest.raises(ValueError, match="joint"):
         make_method("metavers", build_model("conv4", (3, 16, 16), 4), **{**NOVEL, "ce_forward": "split"})
+
+
+def test_the_novel_class_protocol_embeds_with_the_servers_statistics(monkeypatch):
+    """The server's running statistics reach the embedding (not the module's initial 0 / 1)."""
+    torch.manual_seed(0)
+    model = build_model("conv4", (3, 16, 16), 5)
+    algorithm = make_method("fedavg", model)
+    server = {**algorithm.init_server(model_params(model)), "buffers": trained_buffers(model, torch.randn(9, 3, 16, 16))}
+    protocol = PROTOCOLS.get("novel_class")(EvalConfig(groups_val=2, groups_test=2, users=2, ways=2))
+    x, y = torch.randn(16, 3, 16, 16), torch.arange(4).repeat_interleave(4)
+    protocol.bind({"val": ArrayDataset("v", x, y, 4), "test": ArrayDataset("t", x, y, 4)})
+    seen = []
+    real = protocol._embed
+    monkeypatch.setattr(protocol, "_embed", lambda alg, params, ds: seen.append(params) or real(alg, params, ds))
+    protocol.evaluate(algorithm, server, {}, None, [])
+    assert seen and all(params[k] is server["buffers"][k] for params in seen for k in server["buffers"])
