@@ -21,7 +21,7 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
   the base itself.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
-  ``source``).
+  ``source``, required: where the paper prints it; a value without one is a load error).
 * ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
   metric, which the report derives from the runs' arrays (``metric.figure``; FedL2P Table 6's ARI of
   the clustered ``xi``, ``beta``, ``x``, ``eta``): ``{cell, quantity, mean, source}`` each.
@@ -86,7 +86,7 @@ OVERRIDE_KEYS = {"when", "set"}
 MARK_KEYS = {"when", "mark", "text"}
 REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
-               "select_metric", "tolerance", "figure", "x_axis", "sample_sd"}
+               "select_metric", "tolerance", "figure", "x_axis", "sample_sd", "higher_is_better"}
 PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
 QUANTITY_KEYS = {"cell", "quantity", "mean", "source"}
@@ -675,7 +675,8 @@ def load_suite(path: str | Path) -> Suite:
     if not isinstance(raw.get("published") or [], list):
         raise SuiteError(f"{path}: published: expected a list of {{cell: ..., mean: ...}}")
     for i, entry in enumerate(suite.published):
-        _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean"})
+        _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean", "source"})
+        _check_source(entry, f"{path}: published[{i}]")
         _check_published_numbers(entry, f"{path}: published[{i}]")
         entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{path}: published[{i}].cell")
     _check_published_quantities(suite, axis_names, cells)
@@ -685,6 +686,14 @@ def load_suite(path: str | Path) -> Suite:
     for profile in suite.profiles:
         suite.expand(profile)
     return suite
+
+
+def _check_source(entry: dict, where: str) -> None:
+    """A published value names where it is printed (e.g. "Table 2"): a value without a traceable
+    source is not a reference (issue 28)."""
+    if not isinstance(entry["source"], str) or not entry["source"].strip():
+        raise SuiteError(f"{where}.source: expected where the value is published (e.g. 'Table 2'), "
+                         f"got {entry['source']!r}")
 
 
 def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list[dict[str, str]]) -> None:
@@ -697,7 +706,8 @@ def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list
         raise SuiteError(f"{where}: expected a list of {{cell: ..., quantity: ..., mean: ...}}")
     seen = set()
     for i, entry in enumerate(section):
-        _check_keys(entry, QUANTITY_KEYS, f"{where}[{i}]", {"cell", "quantity", "mean"})
+        _check_keys(entry, QUANTITY_KEYS, f"{where}[{i}]", {"cell", "quantity", "mean", "source"})
+        _check_source(entry, f"{where}[{i}]")
         _check_published_numbers({"mean": entry["mean"]}, f"{where}[{i}]")
         if not isinstance(entry["quantity"], str) or not entry["quantity"]:
             raise SuiteError(f"{where}[{i}].quantity: expected a name (e.g. beta), got {entry['quantity']!r}")

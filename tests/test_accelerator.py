@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from pfl_core import accelerator
+from pfl_core.engine import device as accelerator
 from pfl_core.engine.device import configure_device, device_info
 from pfl_core.seeding import use_deterministic
 

@@ -259,19 +259,16 @@ def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
 
 
 # ---------------------------------------------------------------- pFedMe on its own Synthetic(0.5, 0.5) data
-#: pFedMe paper (Dinh et al., NeurIPS 2020), Table 1, Synthetic, MLR, 600 rounds, mean of 10 runs:
-#: pFedMe (PM) 83.20 +- 0.06 and pFedMe (GM) 78.65 +- 0.25. UNVERIFIED: written down from memory when
-#: this test was made (the paper was not available offline) and not in shared/specs/published-numbers.md;
-#: check them against the paper before quoting them. The test's bounds are loose (6 points) for this reason.
-PUBLISHED_SYNTHETIC_PM, PUBLISHED_SYNTHETIC_GM = 83.20, 78.65
+#: No published reference value: the pFedMe paper's Synthetic numbers could not be traced to a source
+#: here, so this test checks only the personalisation gap the method exists for (PM above GM).
 
 
 @pytest.mark.slow
-def test_pfedme_on_its_synthetic_data_approaches_the_published_numbers():
+def test_pfedme_on_its_synthetic_data_personalises_above_its_global_model():
     """The pFedMe README's Synthetic MLR paper setting (lr 0.005, personal lr 0.01, beta 1, lambda 20,
     K = 5, R = 20, |S| = 10, batch 20, the optimizer's hidden mu = 0.001), cut to 40 of its 600 rounds:
-    PM (w_i, the code's "PM") must already be within 6 points below the published 83.20, and above the
-    global model (GM), as in the paper (PM - GM = 4.55 there)."""
+    the personalised models (w_i, the code's "PM") beat the global model (GM) by more than a point
+    (a harness check; no published value is compared)."""
     from pfl_core.config import RunConfig
     from pfl_core.experiment import prepare_run
     from pfl_core.training import forward
@@ -296,7 +293,5 @@ def test_pfedme_on_its_synthetic_data_approaches_the_published_numbers():
         correct += int((forward(setup.model, result.server["params"], x).argmax(1) == y).sum())
         total += len(y)
     gm = 100 * correct / total
-    print(f"pFedMe Synthetic(0.5, 0.5), 40 rounds: PM {pm:.2f} (published {PUBLISHED_SYNTHETIC_PM}), "
-          f"GM {gm:.2f} (published {PUBLISHED_SYNTHETIC_GM})")
-    assert PUBLISHED_SYNTHETIC_PM - 6.0 <= pm <= PUBLISHED_SYNTHETIC_PM + 3.0
+    print(f"pFedMe Synthetic(0.5, 0.5), 40 rounds: PM {pm:.2f}, GM {gm:.2f}")
     assert pm > gm + 1.0

@@ -394,18 +394,20 @@ def quantity_suite(tmp_path, entries) -> Path:
 
 def test_published_quantities_are_read_per_cell_and_quantity(tmp_path):
     entries = [{"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5, "source": "Table 6"},
-               {"cell": {"method": "local", "setting": "iid"}, "quantity": "eta", "mean": 1}]
+               {"cell": {"method": "local", "setting": "iid"}, "quantity": "eta", "mean": 1, "source": "Table 6"}]
     suite = load_suite(quantity_suite(tmp_path, entries))
     got = [(cell_id(e["cell"]), e["quantity"], e["mean"]) for e in suite.published_quantities]
     assert got == [("setting=iid,method=local", "beta", 0.5), ("setting=iid,method=local", "eta", 1)]
 
 
 @pytest.mark.parametrize("entry, message", [
-    ({"cell": {"setting": "nope", "method": "local"}, "quantity": "beta", "mean": 0.5}, "published_quantities[0].cell"),
-    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": "0.5"}, "published_quantities[0].mean"),
-    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "", "mean": 0.5}, "published_quantities[0].quantity"),
-    ({"cell": {"setting": "iid", "method": "local"}, "mean": 0.5}, "missing required key(s) ['quantity']"),
-    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5, "pm": 0.1}, "unknown key(s) ['pm']"),
+    ({"cell": {"setting": "nope", "method": "local"}, "quantity": "beta", "mean": 0.5, "source": "T"}, "published_quantities[0].cell"),
+    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": "0.5", "source": "T"}, "published_quantities[0].mean"),
+    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "", "mean": 0.5, "source": "T"}, "published_quantities[0].quantity"),
+    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5}, "missing required key(s) ['source']"),
+    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5, "source": " "}, "published_quantities[0].source"),
+    ({"cell": {"setting": "iid", "method": "local"}, "mean": 0.5, "source": "T"}, "missing required key(s) ['quantity']"),
+    ({"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5, "pm": 0.1, "source": "T"}, "unknown key(s) ['pm']"),
 ])
 def test_bad_published_quantities_are_rejected_naming_the_entry(tmp_path, entry, message):
     with pytest.raises(suite_module.SuiteError) as err:
@@ -414,7 +416,7 @@ def test_bad_published_quantities_are_rejected_naming_the_entry(tmp_path, entry,
 
 
 def test_a_quantity_listed_twice_for_one_cell_is_rejected(tmp_path):
-    entry = {"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5}
+    entry = {"cell": {"setting": "iid", "method": "local"}, "quantity": "beta", "mean": 0.5, "source": "T"}
     with pytest.raises(suite_module.SuiteError, match="listed twice"):
         load_suite(quantity_suite(tmp_path, [entry, dict(entry, mean=0.6)]))
 

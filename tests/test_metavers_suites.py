@@ -307,3 +307,77 @@ def test_make_reproduce_metavers_runs_every_metavers_suite():
     out = make_dry_run("reproduce-metavers")
     assert sorted(set(re.findall(r"suites/metavers/(\w+)\.yaml", out))) == sorted(NAMES)
     assert "suites/cafeme" not in out and "suites/cgpfl" not in out
+
+
+@pytest.mark.parametrize("profile", ["paper", "quick", "smoke"])
+def test_table6_metavers_resolves_to_the_novel_class_trainer_of_the_code(profile):
+    """trainer_novel_class.py: one batch per episode (``meta_update_frl``: ce_forward joint), the margin
+    re-averaged per client over 500 values, rounds from 1, StepLR(5000, 0.5), 10 clients, Adam 1e-3."""
+    specs = [s for s in loaded("table6").expand(profile) if s.cell["method"] == "MetaVers"]
+    assert len(specs) == 2 and {s.config["model"]["name"] for s in specs} == {"conv4", "conv4_frl"}
+    for s in specs:
+        params = s.config["method"]["params"]
+        assert params["ce_forward"] == "joint"
+        assert {k: params[k] for k in ("margin_update", "margin_window", "first_round", "lr", "lr_step", "lr_gamma")} == {
+            "margin_update": "client", "margin_window": 500, "first_round": 1, "lr": 0.001, "lr_step": 5000,
+            "lr_gamma": 0.5}
+        if profile == "paper":
+            assert s.config["federation"]["clients_per_round"] == 10
+
+
+def test_table4_best_method_is_the_lowest_nvar():
+    """Table 4: nVAR, lower is better; the report's best method and bold values follow it."""
+    import pandas as pd
+
+    from benchmarks.reporting.metric import metric_spec
+    from benchmarks.reporting.table import conclusions
+    from benchmarks.reporting.text import _best
+
+    spec = metric_spec(loaded("table4"))
+    assert spec.higher_is_better is False
+    assert all(metric_spec(loaded(n)).higher_is_better for n in ("table2", "table3", "table5", "table6"))
+    table = pd.DataFrame({"method": ["FedAvg", "MetaVers"], "mean": [900.0, 400.0], "published_mean": [1000.0, 500.0]})
+    (found,) = conclusions(["method"], "method", table, spec.higher_is_better)
+    assert (found.best_ours, found.best_paper) == ("MetaVers", "MetaVers")
+    assert _best(table["mean"], spec.higher_is_better) == 400.0
+
+
+#: per baseline of issue 28 item 3: a phrase its suite note must hold and the source it must cite
+READINGS = {
+    "Local": ("100 plain SGD steps", "trainer.py:272"),
+    "FedAvg": ("plain SGD", "McMahan et al. 2017, Algorithm 1"),
+    "pFedHN": ("5000 hypernetwork steps", "experiments/pfedhn/trainer.py:263"),
+    "FedRep": ("the CAFeMe code's recipe", "lgcollins/FedRep @ d82e629"),
+    "FedBABU": ("Baseline reading, FedBABU", "FedBABU"),
+}
+RUNS = {"table2": ["Local", "FedAvg", "pFedHN", "FedRep", "FedBABU"], "table3": ["FedAvg", "FedRep", "FedBABU"],
+        "table4": ["FedAvg", "FedRep", "FedBABU"], "table5": ["Local"]}
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_every_baseline_reading_is_a_named_note_with_its_source(name):
+    notes = raw(name)["notes"]
+    for baseline in RUNS[name]:
+        phrase, source = READINGS[baseline]
+        note = [n for n in notes if n.startswith(f"Baseline reading, {baseline}:")]
+        assert len(note) == 1, (name, baseline)
+        assert phrase in note[0] and source in note[0], (name, baseline)
+        assert "@" in note[0] or "Algorithm" in note[0] or "harness reading" in note[0], (name, baseline)
+
+
+def test_table2_baselines_resolve_to_their_named_readings():
+    """pFedHN: its code's 5000 steps (the quick and smoke profiles keep their own rounds); FedBABU
+    fine-tunes in batches of 64; FedAvg plain SGD, Local 100 steps."""
+    suite = loaded("table2")
+    by_method = {}
+    for profile in ("paper", "quick", "smoke"):
+        for s in suite.expand(profile):
+            by_method.setdefault((profile, s.cell["method"]), s.config)
+    assert by_method[("paper", "pFedHN")]["federation"]["rounds"] == 5000
+    assert by_method[("quick", "pFedHN")]["federation"]["rounds"] == 50
+    assert by_method[("smoke", "pFedHN")]["federation"]["rounds"] == 2
+    babu = by_method[("paper", "FedBABU")]["evaluation"]["params"]
+    assert (babu["batch_size"], babu["steps"], babu["lr"]) == (64, 10, 0.005)
+    fedavg = by_method[("paper", "FedAvg")]["method"]["params"]
+    assert fedavg.get("momentum", 0.0) == 0.0 and fedavg.get("weight_decay", 0.0) == 0.0
+    assert by_method[("paper", "Local")]["method"]["params"]["local_steps"] == 100

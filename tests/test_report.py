@@ -546,7 +546,7 @@ def test_report_counts_runs_shared_with_another_profile(reported, tmp_path, suit
 
 
 def test_published_cell_key_order_does_not_matter(tmp_path, suite_data, reported):
-    suite_data["published"] = [{"cell": {"method": "fedavg", "setting": "dir"}, "mean": 50.0}]
+    suite_data["published"] = [{"cell": {"method": "fedavg", "setting": "dir"}, "mean": 50.0, "source": "T"}]
     suite = load_suite(write_suite(tmp_path / "order.yaml", suite_data))
     _, _, table = write_report(suite, reported["tracker"], "smoke", out_dir=tmp_path / "rep")
     assert row_of(table, "dir", "fedavg")["published_mean"] == 50.0

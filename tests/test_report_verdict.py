@@ -219,3 +219,12 @@ def test_latex_escaping():
 def test_offline_datasets_known_before_any_run():
     assert dataset_is_offline("digits28") and dataset_is_offline("synthetic")
     assert not dataset_is_offline("mnist") and not dataset_is_offline("cifar10")
+
+
+def test_a_lower_is_better_metric_picks_the_lowest_method_on_both_sides():
+    ours, paper = {"a": 0.9, "b": 0.5, "c": 0.7}, {"a": 0.8, "b": 0.6, "c": 0.4}
+    low = column_conclusion("nVAR", ours, paper, higher_is_better=False)
+    assert (low.best_ours, low.best_paper, low.best_holds) == ("b", "c", False)
+    high = column_conclusion("nVAR", ours, paper)
+    assert (high.best_ours, high.best_paper) == ("a", "a")
+    assert low.tau == high.tau  # the ordering agreement does not depend on the direction

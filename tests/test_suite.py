@@ -215,8 +215,14 @@ REJECTIONS = {
     "unknown method in methods section": (
         lambda d: d.__setitem__("methods", {"fedprox": {"method.params.lr": 0.1}}), ["methods.fedprox", "fedavg"]),
     "published cell not in the grid": (
-        lambda d: d["published"].append({"cell": {"setting": "dir", "method": "fedprox"}, "mean": 1.0}),
+        lambda d: d["published"].append({"cell": {"setting": "dir", "method": "fedprox"}, "mean": 1.0, "source": "T"}),
         ["published[2]", "fedprox"]),
+    "published entry without source": (
+        lambda d: d["published"].append({"cell": {"setting": "dir", "method": "local"}, "mean": 1.0}),
+        ["published[2]", "source"]),
+    "published entry with an empty source": (
+        lambda d: d["published"].append({"cell": {"setting": "dir", "method": "local"}, "mean": 1.0, "source": ""}),
+        ["published[2].source"]),
     "published entry without mean": (
         lambda d: d["published"].append({"cell": {"setting": "dir", "method": "local"}}), ["published[2]", "mean"]),
     "scalar axis without key": (lambda d: d["grid"][1].pop("key"), ["grid[1]", "key"]),
@@ -289,7 +295,7 @@ def test_string_valued_learning_rate_rejected_at_load(tmp_path, suite_data):
 
 def test_published_cell_with_numeric_label(tmp_path, suite_data):
     suite_data["grid"].append({"name": "rounds", "key": "federation.rounds", "values": [1, 2]})
-    suite_data["published"] = [{"cell": {"setting": "dir", "method": "fedavg", "rounds": 1}, "mean": 50.0}]
+    suite_data["published"] = [{"cell": {"setting": "dir", "method": "fedavg", "rounds": 1}, "mean": 50.0, "source": "T"}]
     suite = load_suite(write_suite(tmp_path / "num.yaml", suite_data))
     assert len(suite.published) == 1
 

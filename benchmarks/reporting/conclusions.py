@@ -24,14 +24,17 @@ class Conclusion:
         return self.best_ours == self.best_paper
 
 
-def column_conclusion(column: str, ours: dict[str, float], paper: dict[str, float]) -> Conclusion | None:
-    """Best method on each side and Kendall's tau-b between the orderings (NaN for < 2 methods or a
-    constant side); None when no method has both numbers."""
+def column_conclusion(column: str, ours: dict[str, float], paper: dict[str, float],
+                      higher_is_better: bool = True) -> Conclusion | None:
+    """Best method on each side (the highest value, or the lowest for a lower-is-better metric) and
+    Kendall's tau-b between the orderings (NaN for < 2 methods or a constant side); None when no
+    method has both numbers."""
     both = [m for m in ours if m in paper and not math.isnan(ours[m]) and not math.isnan(paper[m])]
     if not both:
         return None
-    best_ours = max(both, key=lambda m: ours[m])
-    best_paper = max(both, key=lambda m: paper[m])
+    pick = max if higher_is_better else min
+    best_ours = pick(both, key=lambda m: ours[m])
+    best_paper = pick(both, key=lambda m: paper[m])
     tau = math.nan
     if len(both) >= 2:
         tau = float(kendalltau([ours[m] for m in both], [paper[m] for m in both]).statistic)

@@ -51,6 +51,9 @@ class MetricSpec:
     """Show the sample SD (ddof 1) of our seeds as a column beside "ours" (whose spread follows the
     paper's ``pm``/``ddof``): where the paper's ddof is unknown, both are shown."""
     also: tuple[str, ...] = ()
+    higher_is_better: bool = True
+    """The metric's direction: the best method of a column is the highest value, or the lowest
+    (``higher_is_better: false``, e.g. MetaVers' nVAR, Table 4: "lower is better")."""
     """Further aggregates of the same runs, each shown as one more column (e.g. ``max_over_rounds``
     beside ``final``: pFedMe's convention next to the last round)."""
 
@@ -103,6 +106,8 @@ def metric_spec(suite: Suite) -> MetricSpec:
         raise SuiteError(f"{where}.also: {also!r}; expected a list of aggregates from {list(AGGREGATES)}")
     fields = {k: raw[k] for k in MetricSpec.__dataclass_fields__ if k in raw}
     fields["also"] = tuple(also)
+    if not isinstance(raw.get("higher_is_better", True), bool):
+        raise SuiteError(f"{where}.higher_is_better: expected true or false, got {raw['higher_is_better']!r}")
     if not isinstance(raw.get("sample_sd", False), bool):
         raise SuiteError(f"{where}.sample_sd: expected true or false, got {raw['sample_sd']!r}")
     fields.update(scale=float(raw["scale"]), ddof=int(raw["ddof"]),

@@ -153,7 +153,8 @@ def code_fields(metric: MetricSpec, ref, against) -> tuple[dict, Verdict | None]
             "code_verdict_detail": v.detail}, v
 
 
-def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame) -> list[Conclusion]:
+def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame,
+                higher_is_better: bool = True) -> list[Conclusion]:
     """Per column (combination of the non-method axes): best method and Kendall's tau."""
     if method is None or table.empty:
         return []
@@ -164,7 +165,7 @@ def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame)
         label = column_label(group.iloc[0], columns)
         ours = dict(zip(group[method], group["mean"]))
         paper = dict(zip(group[method], group["published_mean"]))
-        found = column_conclusion(label, ours, paper)
+        found = column_conclusion(label, ours, paper, higher_is_better)
         if found is not None:
             out.append(found)
     return out
@@ -181,7 +182,7 @@ def build_suite_report(suite: Suite, tracker: Tracker, profile: str = "paper") -
         fidelity.dataset_is_offline(name) for name in {s.config["data"]["dataset"] for s in specs})
     table = summarise(suite, runs, metric, expected, specs)
     report = SuiteReport(suite, metric, profile, runs, table, expected, offline)
-    report.conclusions = conclusions(report.axes, report.method_axis, table)
+    report.conclusions = conclusions(report.axes, report.method_axis, table, metric.higher_is_better)
     if metric.figure in qualitative.KINDS and not runs.empty:
         report.panels = qualitative.collect_panels(tracker, runs, metric.figure)
     if metric.figure in personalization.KINDS and not runs.empty:

@@ -265,9 +265,11 @@ def _tex_value(mean, pm, bold: bool) -> str:
     return f"\\textbf{{{text}}}" if bold else text
 
 
-def _best(values: pd.Series) -> float:
+def _best(values: pd.Series, higher_is_better: bool = True) -> float:
     clean = values.dropna()
-    return clean.max() if len(clean) else math.nan
+    if not len(clean):
+        return math.nan
+    return clean.max() if higher_is_better else clean.min()
 
 
 def render_latex(report: SuiteReport) -> str:
@@ -296,12 +298,13 @@ def render_latex(report: SuiteReport) -> str:
         cells = [tex(m) + (f"\\textsuperscript{{{tex(marks)}}}" if marks else "")]
         for _, g in groups:
             row = g[g[method] == m].iloc[0] if method else g.iloc[0]
-            ours = _tex_value(row["mean"], row["pm"], row["mean"] == _best(g["mean"]))
+            higher = report.metric.higher_is_better
+            ours = _tex_value(row["mean"], row["pm"], row["mean"] == _best(g["mean"], higher))
             ours += LATEX_MARK.get(row["verdict"], "") if ours != "--" else ""
             if row["verdict"] == "failed":
                 ours = "failed"
             paper = _tex_value(row["published_mean"], row["published_pm"],
-                               row["published_mean"] == _best(g["published_mean"]))
+                               row["published_mean"] == _best(g["published_mean"], higher))
             cells += [ours, paper]
             if code:
                 theirs = _tex_value(row["code_mean"], row["code_pm"], False)

@@ -25,6 +25,15 @@ W forced to -1 for ``ce``/``triplet``, ``trainer.py:111-112``) and ``margin_from
 The novel-class trainer (docs/papers/metavers.md) is the same method with ``margin_update:
 client``, ``first_round: 1``, ``ce_forward: joint``, ``margin_window: 500``, ``lr_step: 5000``.
 
+BatchNorm running statistics (models with BN state, ``conv4``/``conv4_frl``): the code trains one
+model in train mode through a round, so every client's passes move the running statistics in
+client order: ``meta_update_frl`` (one pass over the episode) and ``triplet_update_frl`` (a second
+pass over the same images with the same parameters, hence the same batch statistics) in rounds
+tau <= W, and for clients of two or more classes after (``trainer_novel_class.py:200-230``).
+Clients return their pass's batch statistics; the server replays the updates in the sampled order
+(:mod:`pfl_core.algorithms._lib.bn_passes`) and evaluation embeds with them in eval mode. Only ``ce_forward: joint``
+(the novel-class trainer) is implemented with BN state.
+
 Prediction is by prototypes: the predictor is the global embedding network, evaluated by the
 ``proto`` protocol (a client's prototypes from its whole train split). :meth:`MetaVers.logits`
 is that classifier for the generic protocols (see its docstring).
@@ -42,11 +51,13 @@ from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.fields import HyperParams
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
+from pfl_core.algorithms._lib.bn_passes import pass_statistics, replay_passes
 from pfl_core.algorithms._lib.episodes import Episode, class_pools, draw_episode
 from pfl_core.algorithms._lib.margin_losses import centroid_triplet, distances, local_margin, prototypical_ce
 from pfl_core.algorithms._lib.optim import init_optimizer_state, optimizer_step
+from pfl_core.models.kld_bn import bn_mode, has_bn_state
 from pfl_core.prototypes import class_prototypes
-from pfl_core.training import Params, embed, value_and_grad
+from pfl_core.training import Params, embed, initial_bn_state, value_and_grad
 
 
 @dataclass
@@ -146,6 +157,10 @@ class MetaVersUpdate(ClientUpdate):
 
     margin: torch.Tensor = field(default_factory=lambda: torch.zeros(()))
     collects: bool = False
+    bn_stats: dict = field(default_factory=dict)
+    """Batch statistics of the client's episode pass (models with BN state; :mod:`pfl_core.algorithms._lib.bn_passes`)."""
+    bn_passes: int = 0
+    """How many train-mode passes the code runs on that episode (1 or 2)."""
 
 
 def _has_batch_statistics(model: nn.Module) -> bool:
@@ -164,6 +179,11 @@ class MetaVers(Algorithm):
     def __init__(self, model, hp):
         super().__init__(model, hp)
         self.batch_statistics = _has_batch_statistics(model)
+        self.bn_state = has_bn_state(model)
+        if self.bn_state and hp.ce_forward != "joint":
+            raise ValueError("metavers: a model with BatchNorm running statistics is implemented for "
+                             "ce_forward 'joint' only (the novel-class trainer's passes)")
+        self._ways: dict[int, int] = {}
         self._pools: dict[int, list[torch.Tensor]] = {}
         self._drawn: dict[int, Episode] = {}
         self._round_margins: list[float] = []  # margin_update=client: this round's d so far
@@ -188,9 +208,12 @@ class MetaVers(Algorithm):
 
     # -- server ---------------------------------------------------------------------------------------
     def init_server(self, params: Params) -> ServerState:
-        return {"params": params, "adam": init_optimizer_state("adam", params), "margins": [],
-                "m_global": float(self.hp.initial_margin), "global_history": [], "rounds": 0,
-                "round_stats": {}}
+        server = {"params": params, "adam": init_optimizer_state("adam", params), "margins": [],
+                  "m_global": float(self.hp.initial_margin), "global_history": [], "rounds": 0,
+                  "round_stats": {}}
+        if self.bn_state:
+            server["buffers"] = initial_bn_state(self.model)
+        return server
 
     def window(self, clients_per_round: int) -> int:
         """How many local margins the global margin averages (``w_role``)."""
@@ -241,8 +264,14 @@ class MetaVers(Algorithm):
         stats = {"m_global": m_global}
         if fresh:
             stats["local_margin"] = sum(fresh) / len(fresh)
-        return {"params": params, "adam": adam, "margins": margins, "m_global": m_global,
-                "global_history": history, "rounds": server["rounds"] + 1, "round_stats": stats}
+        new = {"params": params, "adam": adam, "margins": margins, "m_global": m_global,
+               "global_history": history, "rounds": server["rounds"] + 1, "round_stats": stats}
+        if self.bn_state:
+            buffers = server["buffers"]
+            for u in updates:  # the code's client order
+                buffers = replay_passes(self.model, buffers, u.bn_stats, u.bn_passes)
+            new["buffers"] = buffers
+        return new
 
     def _m_global_for_client(self, previous: float, margins: list[float], tau: int) -> float:
         """``margin_update: client``: in rounds tau > W the mean of the last ``margin_window``
@@ -300,6 +329,7 @@ class MetaVers(Algorithm):
 
     def draw(self, client: ClientContext, round_idx: int):
         episode = self._drawn.pop(client.cid, None) or self.episode(client)
+        self._ways[client.cid] = episode.ways
         return {"support": [episode.support], "query": [episode.query]}
 
     def _onehot(self, labels: torch.Tensor, ways: int, dtype: torch.dtype,
@@ -343,19 +373,35 @@ class MetaVers(Algorithm):
 
     def local_update(self, carry, batches, masks):
         (xs, ys), (xq, yq) = batches["support"], batches["query"]
-        grads, (loss, d) = value_and_grad(self.episode_loss, carry["params"], xs[0], ys[0], xq[0], yq[0],
-                                          carry["m_global"], carry["w_s"], carry["w_t"], has_aux=True)
+        grads, (loss, (d, stats)) = value_and_grad(self._loss_and_statistics, carry["params"], xs[0], ys[0], xq[0],
+                                                   yq[0], carry["m_global"], carry["w_s"], carry["w_t"], has_aux=True)
         if self.hp.update == "local_sgd":
             upload = {k: p - self.hp.local_lr * grads[k] for k, p in carry["params"].items()}
         else:
             upload = grads
-        return {"upload": upload, "margin": d}, loss
+        return {"upload": upload, "margin": d, **({"bn_stats": stats} if self.bn_state else {})}, loss
+
+    def _loss_and_statistics(self, params: Params, *args):
+        """(L, (d, batch statistics of the episode pass)); no statistics without BN state."""
+        if not self.bn_state:
+            loss, d = self.episode_loss(params, *args)
+            return loss, (d, {})
+        with bn_mode(self.model, "train"):
+            loss, d = self.episode_loss(params, *args)
+            return loss, (d, pass_statistics(self.model))
+
+    def bn_passes(self, ways: int, tau: int) -> int:
+        """Train-mode passes of the code on one client's episode: ``meta_update_frl`` always, and
+        ``triplet_update_frl`` in rounds tau <= W or for two or more classes
+        (``trainer_novel_class.py:200-230``)."""
+        return 1 + int(tau <= self.w or ways >= 2)
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:
         """The upload and d; the server collects d unless the loss is ``ce`` (the code computes no d
         there) or d is 0 (a one-class episode has none)."""
+        passes = self.bn_passes(self._ways.pop(client.cid), self.tau(server["rounds"])) if self.bn_state else 0
         return MetaVersUpdate(carry["upload"], client.num_samples("train"), loss, carry["margin"],
-                              self.hp.loss != "ce")
+                              self.hp.loss != "ce", carry.get("bn_stats", {}), passes)
 
     # -- prediction -------------------------------------------------------------------------------------
     def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:

@@ -23,7 +23,8 @@ far: the number Table 6 reports. Early stopping as the code: ``federation.patien
 ``early_stopping_after: 0``, ``early_stopping_key: val_acc``.
 
 The embeddings are computed once per split and evaluation, in eval mode (BatchNorm with its running
-statistics, docs/papers/metavers.md), so they do not depend on how
+statistics, docs/papers/metavers.md; a model with BN state embeds with
+the server's ``buffers``, the statistics its method kept), so they do not depend on how
 images are batched: the same numbers as the code's one batch per user. Groups are drawn from their
 own stream (run seed, split, evaluation number), the same for every method.
 """
@@ -155,7 +156,7 @@ class NovelClassEval(Protocol):
     def evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
                  executor=None, history: list[dict] | None = None) -> EvalResult:
         history = history or []
-        params = algorithm.predictor(server, None)
+        params = {**algorithm.predictor(server, None), **(server.get("buffers") or {})}
         val, val_ci = self._split("val", algorithm, params, self.cfg.groups_val, len(history))
         if self.target == "validation":
             return EvalResult([], {"acc": val, "acc_ci95": val_ci})

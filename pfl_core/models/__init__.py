@@ -1,8 +1,10 @@
 """Model registry: ``build_model(name, input_shape, num_classes, **params)``.
 
-Every model is a plain ``nn.Module`` whose BatchNorm layers (if any) keep no running statistics
-(``track_running_stats=False``), so a model is fully described by its parameters and can be
-trained through ``torch.func.functional_call`` on a dict of tensors.
+Every model is a plain ``nn.Module`` trained through ``torch.func.functional_call`` on a dict of
+tensors. Its BatchNorm layers keep no running statistics (``track_running_stats=False``), except
+where the reference code evaluates with them: FedL2P's ResNets and MetaVers' ``conv4``/``conv4_frl``
+use :class:`~pfl_core.models.kld_bn.KLDBatchNorm2d`, whose statistics are functional state carried
+beside the parameters (``server["buffers"]``), never updated in place.
 """
 from __future__ import annotations
 

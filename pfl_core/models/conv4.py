@@ -10,11 +10,14 @@ Xavier-uniform (gain 1) with bias 0, BatchNorm gamma ~ U(0, 1) and beta 0.
 BatchNorm -> ReLU], MaxPool(2) after the first two blocks only; 64 x 8 x 8 = 4096-d on 32x32.
 PyTorch's default initialisation.
 
-BatchNorm deviation (project convention, ``pfl_core.models``): BatchNorm keeps no running
-statistics, so it normalises with the statistics of the batch it is given in training *and* in
-evaluation. The code keeps running statistics (PyTorch defaults, momentum 0.1) and evaluates the
-novel-class protocol with ``model.eval()``, i.e. with them. Here an evaluation embeds a whole
-user's images as one batch with that batch's statistics.
+BatchNorm with running statistics, as the code's ``nn.BatchNorm2d`` (PyTorch defaults: momentum
+0.1, eps 1e-5; MetaVers ``model.py`` ``conv_block``, learn2learn ``ConvBlock``): the layers are
+:class:`~pfl_core.models.kld_bn.KLDBatchNorm2d` at beta = 1, i.e. plain BatchNorm whose running
+statistics are functional state beside the parameters (``server["buffers"]``). Train mode normalises
+each pass with its batch statistics; eval mode with the running statistics, which the methods
+update in the code's passes (:mod:`pfl_core.algorithms._lib.bn_passes` for MetaVers, the averaged client statistics
+for FedAvg). The novel-class protocol embeds in eval mode with them (``util_novel_class.evaluation``
+runs after ``model.eval()``), so an embedding does not depend on the other rows of its batch.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from pfl_core.models import MODELS
+from pfl_core.models.kld_bn import KLDBatchNorm2d
 from pfl_core.models.pooling import relu_then_pool
 
 WIDTH = 64
@@ -29,7 +33,7 @@ WIDTH = 64
 
 def _block(c_in: int, pool: bool) -> nn.Sequential:
     """Conv3x3 -> BN -> ReLU [-> MaxPool(2)], ReLU and pool computed pool first (``relu_then_pool``)."""
-    return nn.Sequential(nn.Conv2d(c_in, WIDTH, 3, padding=1), nn.BatchNorm2d(WIDTH, track_running_stats=False),
+    return nn.Sequential(nn.Conv2d(c_in, WIDTH, 3, padding=1), KLDBatchNorm2d(WIDTH),
                          *(relu_then_pool() if pool else [nn.ReLU()]))
 
 
