@@ -43,7 +43,7 @@ def _tracker(args):
 
 def _executor(args):
     """The executor of ``--executor local|ray`` and its options (run and tune)."""
-    from benchmarks.runner import LocalExecutor, RayExecutor
+    from benchmarks.executors import LocalExecutor, RayExecutor
 
     if args.executor == "local":
         ray_only = {"--address": args.address, "--gpus-per-run": args.gpus_per_run, "--max-retries": args.max_retries}

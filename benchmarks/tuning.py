@@ -32,7 +32,7 @@ Storage and workers
     ``sqlite:///results/optuna.db`` by default; ``--storage`` takes any Optuna RDB URL (PostgreSQL)
     for several workers on several machines. ``--jobs N`` starts N worker processes (not threads:
     the GIL and torch's own threads) that share the storage and split the remaining trials;
-    ``--executor ray`` makes them N Ray tasks (:class:`benchmarks.runner.RayExecutor`), each opening
+    ``--executor ray`` makes them N Ray tasks (:class:`benchmarks.executors.RayExecutor`), each opening
     the study by name from the storage URL, so a cluster needs a database server every node reaches
     (PostgreSQL), not a SQLite file. Ray workers write no MLflow: the parent logs each finished trial
     that has no MLflow run yet when a worker ends.
@@ -522,7 +522,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     # a trial is in MLflow once it is in Optuna: catch up on those a killed call left unlogged
     log_unlogged_trials(name, storage, TrialLogger(suite, cell, method, opts, storage, describe))
     if remaining:
-        from benchmarks.runner import LocalExecutor
+        from benchmarks.executors import LocalExecutor
 
         executor = executor or LocalExecutor(opts.jobs)
         if executor.in_process:

@@ -109,7 +109,7 @@ def _outcome(started: float, result, spec: RunSpec) -> dict:
 
 
 def ready() -> int:
-    """A worker's first call from :meth:`benchmarks.runner.LocalExecutor.start`: unpickling it
+    """A worker's first call from :meth:`benchmarks.executors.LocalExecutor.start`: unpickling it
     imports this module and the core, so the first run starts at once. Returns the worker's pid."""
     return os.getpid()
 

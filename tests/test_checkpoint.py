@@ -15,7 +15,7 @@ import pfl_core.experiment as experiment
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiments
-from benchmarks.runner import KILL_HOOK_ENV
+from benchmarks.worker import KILL_HOOK_ENV
 from benchmarks.suite import load_suite
 from conftest import tiny_suite_dict, write_suite
 

@@ -1,4 +1,4 @@
-"""--executor ray (benchmarks.runner.RayExecutor): sweeps and Optuna trials as Ray tasks on a local
+"""--executor ray (benchmarks.executors.RayExecutor): sweeps and Optuna trials as Ray tasks on a local
 Ray instance of 2 CPUs, against real MLflow and Optuna SQLite stores in tmp_path.
 
 Each test proves its runs left this process: the parent's ``run_experiment`` (or the objective) is
@@ -14,8 +14,9 @@ import benchmarks.runner as runner
 import benchmarks.worker as worker
 import benchmarks.tuning as tuning
 from benchmarks.cli import main
-from benchmarks.runner import (DEFAULT_THREADS, KILL_HOOK_ENV, ExecutorError, LocalExecutor, RayExecutor,
-                               run_sweep)
+from benchmarks.runner import run_sweep
+from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV
+from benchmarks.executors import ExecutorError, LocalExecutor, RayExecutor
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker, read_json_artifact
 from conftest import REPO_ROOT, store, write_suite

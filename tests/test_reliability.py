@@ -17,7 +17,9 @@ from mlflow.tracking import MlflowClient
 
 from benchmarks.cli import main
 from benchmarks.lifecycle import Interrupted, signals_interrupt
-from benchmarks.runner import KILL_HOOK_ENV, LocalExecutor, run_sweep
+from benchmarks.runner import run_sweep
+from benchmarks.worker import KILL_HOOK_ENV
+from benchmarks.executors import LocalExecutor
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker
 from conftest import REPO_ROOT, store

@@ -363,7 +363,7 @@ def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
     (tmp_path / "bars.py").write_text(
         "import sys\nfrom tqdm import tqdm\n\n"
         "def work(k):\n    for _ in tqdm(range(3), file=sys.stderr):\n        pass\n    return k * k\n")
-    script = ("import bars\nfrom benchmarks.runner import LocalExecutor\n"
+    script = ("import bars\nfrom benchmarks.executors import LocalExecutor\n"
               "if __name__ == '__main__':\n"
               "    executor = LocalExecutor(jobs=2, threads=1)\n"
               f"    if {started != 'by map'}:\n"

@@ -11,7 +11,8 @@ import torch
 
 import benchmarks.runner as runner
 import benchmarks.worker as worker
-from benchmarks.runner import LocalExecutor, run_sweep
+from benchmarks.runner import run_sweep
+from benchmarks.executors import LocalExecutor
 from benchmarks.stages import ORPHANED_TAG, PRETRAIN_EXPERIMENT, STATE_PATH
 from benchmarks.suite import SuiteError, config_hash, load_suite, stage1_hash
 from benchmarks.tracking import Tracker, read_json_artifact
