@@ -8,7 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from benchmarks.suite import SuiteError, load_suite, parse_only
+from benchmarks.suite import load_suite, parse_only
+from benchmarks.suite_schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
 
 SUITES_DIR = Path("suites")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Iterator
 
 
-from benchmarks.suite import SuiteError
+from benchmarks.suite_schema import SuiteError
 from benchmarks.lifecycle import signals_held, worker_init
 from benchmarks.worker import DEFAULT_THREADS, ready
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.suite import RunSpec, Suite, SuiteError
+from benchmarks.suite import RunSpec, Suite
+from benchmarks.suite_schema import SuiteError
 
 _DATA_FIX = {
     "DatasetNotFoundError": ("data.dataset", ""),

@@ -65,41 +65,17 @@ from typing import Any
 from benchmarks.code_reference import Checks, parse_code_reference
 from benchmarks.yaml_file import YamlFileError, read_yaml
 from pfl_core.algorithms import METHODS
-from pfl_core.analysis import ANALYSIS_METRICS, parse_analyses
-from pfl_core.config import RunConfig, section_keys
-from pfl_core.fields import ConfigError, check_call_values
-from pfl_core.data import DATASETS, PARTITIONERS
-from pfl_core.data.builder import check_sources
-from pfl_core.data.datasets import loader_params
-from pfl_core.evaluation import EvalConfig
-from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS, PROTOCOLS
-from pfl_core.models import MODELS
-from pfl_core.registry import UnknownNameError
+from pfl_core.config import RunConfig
+from benchmarks.suite_schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISHED_KEYS, QUANTITY_KEYS,
+                                     REQUIRED_KEYS, SCHEMA_KEYS, SuiteError, TOP_KEYS, check_cell,
+                                     check_keys, check_label, check_marks, check_metric, check_overrides,
+                                     check_placeholders, check_published_numbers, check_seeds, check_source,
+                                     leaves, matches, substitute_seed, validate_config)
+from benchmarks.tuned_values import check_tuned, read_tuned, tuned_spec
+
 
 #: bump when a change of the core changes what an identical config computes
 CONFIG_VERSION = 1
-
-TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
-            "overrides", "seeds", "profiles", "published", "tuned", "code_reference", "marks",
-            "published_quantities"}
-OVERRIDE_KEYS = {"when", "set"}
-MARK_KEYS = {"when", "mark", "text"}
-REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
-METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
-               "select_metric", "tolerance", "figure", "x_axis", "sample_sd", "higher_is_better"}
-PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
-PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}
-QUANTITY_KEYS = {"cell", "quantity", "mean", "source"}
-AXIS_KEYS = {"name", "key", "values"}
-FREE_FORM = ("data.params", "data.partition", "data.client_splits", "data.source_splits", "model.params",
-             "model.pretrained", "method.params", "evaluation.params")
-"""Mapping-valued config keys whose sub-keys a suite may set one by one (e.g. a profile's
-``model.pretrained.federation.rounds``: every stage-1 block cut down at once)."""
-SCHEMA_KEYS = section_keys()
-
-
-class SuiteError(ValueError):
-    """A suite file is malformed; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
@@ -208,36 +184,6 @@ def _apply(config: dict, overrides: dict | None, where: str, origins: dict | Non
         _set_dotted(config, str(key), value, f"{where}.{key}", origins)
 
 
-def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted path -> value of every leaf of nested mappings (lists are leaves)."""
-    if not isinstance(value, dict) or not value:
-        return {prefix: value} if prefix else {}
-    out = {}
-    for key, sub in value.items():
-        out.update(_leaves(sub, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
-def _origin(origins: dict[str, str], key: str | None) -> str | None:
-    """The suite entry that set dotted ``key`` (or the nearest enclosing key that was set)."""
-    while key:
-        if key in origins:
-            return origins[key]
-        key = key.rpartition(".")[0]
-    return None
-
-
-def _check_keys(mapping: Any, allowed: set[str], where: str, required: set[str] = frozenset()) -> None:
-    if not isinstance(mapping, dict):
-        raise SuiteError(f"{where}: expected a mapping, got {type(mapping).__name__}")
-    unknown = sorted(set(mapping) - allowed)
-    if unknown:
-        raise SuiteError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    missing = sorted(set(required) - set(mapping))
-    if missing:
-        raise SuiteError(f"{where}: missing required key(s) {missing}")
-
-
 @dataclass
 class Axis:
     name: str
@@ -306,7 +252,7 @@ class Suite:
             if any(cell[axis] not in allowed for axis, allowed in only.items()):
                 continue
             config = copy.deepcopy(self.raw["base"])
-            origins = {key: f"{self.path}: base.{key}" for key in _leaves(config)}
+            origins = {key: f"{self.path}: base.{key}" for key in leaves(config)}
             for a, i in zip(self.axes, combo):
                 _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}", origins)
             method = (config.get("method") or {}).get("name")
@@ -321,9 +267,9 @@ class Suite:
             if tuned is not None:
                 _apply(config, tuned["params"], f"{self.tuned_path}: {cell_id(cell)}.{method}", origins)
             where = f"{self.path}: cell {cell_id(cell)}, profile {profile}"
-            _check_placeholders(config, where, origins)
+            check_placeholders(config, where, origins)
             for seed in run_seeds:
-                seeded = _substitute_seed(config, int(seed))
+                seeded = substitute_seed(config, int(seed))
                 seeded["seed"] = int(seed)
                 resolved = validate_config(seeded, where, origins)
                 spec = RunSpec(self.key, cell, int(seed), profile, resolved, config_hash(resolved),
@@ -341,17 +287,17 @@ class Suite:
     @property
     def tuned_path(self) -> Path:
         """The tuned-parameters file of this suite (``tuned.file``, default ``<stem>.tuned.yml``)."""
-        return self.path.parent / (_tuned_spec(self.raw).get("file") or f"{self.path.stem}.tuned.yml")
+        return self.path.parent / (tuned_spec(self.raw).get("file") or f"{self.path.stem}.tuned.yml")
 
     def uses_tuned(self, method: str) -> bool:
         """Whether the suite takes ``method``'s values from the tuned file (when it has an entry)."""
-        methods = _tuned_spec(self.raw).get("methods") or []
+        methods = tuned_spec(self.raw).get("methods") or []
         return methods == "all" or method in methods
 
     def _tuned_entry(self, cell: dict[str, str], method: str, profile: str) -> dict | None:
         if not self.uses_tuned(method):
             return None
-        source = _tuned_spec(self.raw).get("profile") or profile
+        source = tuned_spec(self.raw).get("profile") or profile
         entry = (((read_tuned(self.tuned_path).get("cells") or {}).get(cell_id(cell)) or {})
                  .get(method) or {}).get(source)
         if entry is None:
@@ -363,12 +309,12 @@ class Suite:
     def _apply_overrides(self, config: dict, cell: dict[str, str], overrides: list | None, where: str,
                          origins: dict | None = None) -> None:
         for i, entry in enumerate(overrides or []):
-            if _matches(cell, entry["when"]):
+            if matches(cell, entry["when"]):
                 _apply(config, entry.get("set"), f"{self.path}: {where}[{i}].set", origins)
 
     def marks(self, cell: dict[str, str]) -> list[tuple[str, str]]:
         """(mark, text) of every entry of the suite's ``marks`` whose ``when`` matches ``cell``."""
-        return [(str(m["mark"]), str(m["text"])) for m in self.raw.get("marks") or [] if _matches(cell, m["when"])]
+        return [(str(m["mark"]), str(m["text"])) for m in self.raw.get("marks") or [] if matches(cell, m["when"])]
 
     def _profile(self, profile: str) -> dict:
         if profile == "paper":
@@ -379,143 +325,16 @@ class Suite:
         return profiles[profile] or {}
 
 
-TUNED_KEYS = {"methods", "file", "profile"}
-_TUNED_CACHE: dict[str, tuple] = {}
-
-
-def _tuned_spec(raw: dict) -> dict:
-    spec = raw.get("tuned") or {}
-    return {"methods": spec} if isinstance(spec, (list, str)) else spec
-
-
-def read_tuned(path: Path) -> dict:
-    """The tuned-parameters file (``{}`` if absent), cached by modification time."""
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return {}
-    key, stamp = str(path.resolve()), (stat.st_mtime_ns, stat.st_size)
-    if _TUNED_CACHE.get(key, (None,))[0] != stamp:
-        try:
-            data = read_yaml(path) or {}
-        except YamlFileError as err:
-            raise SuiteError(str(err)) from None
-        _check_keys(data, {"suite", "cells"}, str(path))
-        for cid, methods in (data.get("cells") or {}).items():
-            for method, profiles in (methods or {}).items():
-                for prof, entry in (profiles or {}).items():
-                    _check_keys(entry, {"params", "provenance"}, f"{path}: cells.{cid}.{method}.{prof}",
-                                {"params"})
-                    if not isinstance(entry["params"], dict):
-                        raise SuiteError(f"{path}: cells.{cid}.{method}.{prof}.params: expected a "
-                                         f"mapping of dotted keys to values")
-        _TUNED_CACHE[key] = (stamp, data)
-    return _TUNED_CACHE[key][1]
-
-
-def _check_tuned(raw: dict, path: Path) -> None:
-    if raw.get("tuned") is None:
-        return
-    spec = _tuned_spec(raw)
-    _check_keys(spec, TUNED_KEYS, f"{path}: tuned")
-    methods = spec.get("methods") or []
-    if methods != "all":
-        if not isinstance(methods, list):
-            raise SuiteError(f"{path}: tuned.methods: expected a list of method names or 'all'")
-        for name in methods:
-            if name not in METHODS:
-                raise SuiteError(f"{path}: tuned.methods: unknown method {name!r}; allowed: {METHODS.names()}")
-    profile = spec.get("profile")
-    if profile is not None and profile != "paper" and profile not in (raw.get("profiles") or {}):
-        raise SuiteError(f"{path}: tuned.profile: unknown profile {profile!r}")
-    if spec.get("file") is not None and (not isinstance(spec["file"], str) or spec["file"].endswith(".yaml")):
-        raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite, not ending in "
-                         f".yaml (every *.yaml beside a suite is read as a suite), e.g. {path.stem}.tuned.yml")
-
-
-SEED_TOKEN = "${seed}"
-
-
-def _check_placeholders(config: dict, where: str, origins: dict[str, str]) -> None:
-    """Reject a ``"${...}"`` value other than ``"${seed}"`` (a typo such as ``"${sed}"`` would
-    otherwise reach the run as a string)."""
-    for key, value in _leaves(config).items():
-        values = value if isinstance(value, list) else [value]
-        for v in values:
-            if isinstance(v, str) and v.startswith("${") and v != SEED_TOKEN:
-                raise SuiteError(f"{_origin(origins, key) or where}: unknown placeholder {v!r}; write "
-                                 f"{SEED_TOKEN!r} (the only placeholder: the run seed) or a plain value")
-
-
-def _substitute_seed(value: Any, seed: int) -> Any:
-    """Replace every ``"${seed}"`` value by the run seed (e.g. ``data.params.rotation_seed``), so
-    per-seed randomness that lives outside the run's streams still follows the seed."""
-    if isinstance(value, dict):
-        return {k: _substitute_seed(v, seed) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_substitute_seed(v, seed) for v in value]
-    return seed if value == SEED_TOKEN else value
-
-
-def validate_config(config: dict, where: str, origins: dict[str, str] | None = None) -> dict:
-    """Check every name, key and value of one run configuration (types and ranges as declared on
-    the dataclasses and signatures); return its fully resolved dict. An error names the suite entry
-    that set the bad value when ``origins`` (dotted key -> entry) knows it, else ``where``."""
-    try:
-        cfg = RunConfig.from_dict(config)
-        _check_names(cfg)
-        stage1 = cfg.stage1()
-        if stage1 is not None:
-            try:
-                _check_names(stage1)
-            except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
-                key = getattr(err, "key", None)
-                raise ConfigError(f"model.pretrained: {err}", f"model.pretrained.{key}" if key else "model.pretrained")
-    except (ConfigError, UnknownNameError, ValueError, TypeError) as err:
-        origin = _origin(origins or {}, getattr(err, "key", None))
-        raise SuiteError(f"{origin} ({where.split(': ', 1)[-1]}): {err}" if origin else f"{where}: {err}") from None
-    resolved = cfg.to_dict()
-    if stage1 is not None:  # resolved too: every stage-1 key in the run's params (config.json, MLflow)
-        resolved["model"]["pretrained"] = stage1.to_dict()
-    return resolved
-
-
-def _check_names(cfg: RunConfig) -> None:
-    """The registered names of a run (dataset, model, method, protocol, partitioner) and the
-    parameters checked against them; a :class:`ConfigError` keyed by the dotted config key."""
-    DATASETS.get(cfg.data.dataset)
-    check_call_values(loader_params(cfg.data.dataset), cfg.data.params, "data.params.",
-                      f"dataset {cfg.data.dataset!r}")
-    check_sources(cfg.data)
-    MODELS.get(cfg.model.name)
-    method = METHODS.get(cfg.method.name)
-    method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",
-                                 path="method.params.")
-    for i, step in enumerate(cfg.model.warm_start):
-        if not isinstance(step, dict) or "name" not in step or set(step) - {"name", "params"}:
-            raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
-        METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
-                                                        where=f"model.warm_start[{i}]: ")
-    PROTOCOLS.get(cfg.evaluation.protocol)
-    EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
-    parse_analyses(cfg.evaluation.analyses)
-    partition = dict(cfg.data.partition)
-    if "name" not in partition:
-        raise ConfigError("data.partition needs a 'name'", "data.partition")
-    name = partition.pop("name")
-    check_call_values(PARTITIONERS.get(name), partition, "data.partition.", f"partitioner {name!r}")
-
-
 def _parse_axis(raw: Any, where: str) -> Axis:
-    _check_keys(raw, AXIS_KEYS, where, {"name", "values"})
+    check_keys(raw, AXIS_KEYS, where, {"name", "values"})
     values = raw["values"]
     if not isinstance(values, list) or not values:
         raise SuiteError(f"{where}.values: expected a non-empty list")
     labels, settings = [], []
     for i, value in enumerate(values):
         if isinstance(value, dict):
-            _check_keys(value, {"label", "set"}, f"{where}.values[{i}]", {"label"})
-            _check_label(value["label"], f"{where}.values[{i}].label")
+            check_keys(value, {"label", "set"}, f"{where}.values[{i}]", {"label"})
+            check_label(value["label"], f"{where}.values[{i}].label")
             labels.append(str(value["label"]))
             settings.append(value.get("set") or {})
         else:
@@ -524,109 +343,13 @@ def _parse_axis(raw: Any, where: str) -> Axis:
             if not isinstance(value, (str, int, float)) or (isinstance(value, float) and not math.isfinite(value)):
                 raise SuiteError(f"{where}.values[{i}]: {value!r} is not a scalar; write a number or a name, or "
                                  f"{{label: <name>, set: {{{raw['key']}: <value>}}}}")
-            _check_label(value, f"{where}.values[{i}]")
+            check_label(value, f"{where}.values[{i}]")
             labels.append(str(value))
             settings.append({raw["key"]: value})
     if len(set(labels)) != len(labels):
         twice = sorted({label for label in labels if labels.count(label) > 1})
         raise SuiteError(f"{where}.values: duplicate label(s) {twice} in {labels}; list each value once")
     return Axis(str(raw["name"]), labels, settings)
-
-
-def _check_label(label: Any, where: str) -> None:
-    """An axis label names a cell in tables, ``--only`` and ``published``: a non-blank name or number."""
-    if label is None or not str(label).strip():
-        raise SuiteError(f"{where}: empty label {label!r}; write a name, e.g. 'fedavg' or 'alpha=0.5'")
-
-
-def _matches(cell: dict[str, str], when: dict) -> bool:
-    """Whether ``cell`` has, on every axis of ``when``, the label (or one of the labels) named there."""
-    return all(cell[axis] in ([str(v) for v in want] if isinstance(want, list) else [str(want)])
-               for axis, want in when.items())
-
-
-def _check_marks(section: Any, axis_labels: dict[str, list[str]], where: str) -> None:
-    """``marks``: a list of ``{when, mark, text}``, the conditions naming grid labels, mark and text
-    non-empty strings."""
-    if section is None:
-        return
-    if not isinstance(section, list):
-        raise SuiteError(f"{where}: expected a list of {{when: ..., mark: ..., text: ...}}")
-    _check_overrides(section, axis_labels, where, MARK_KEYS)
-    for i, entry in enumerate(section):
-        for key in ("mark", "text"):
-            if not isinstance(entry[key], str) or not entry[key].strip():
-                raise SuiteError(f"{where}[{i}].{key}: expected a non-empty string, got {entry[key]!r}")
-
-
-def _check_overrides(section: Any, axis_labels: dict[str, list[str]], where: str,
-                     keys: set[str] = OVERRIDE_KEYS) -> None:
-    if section is None:
-        return
-    if not isinstance(section, list):
-        raise SuiteError(f"{where}: expected a list of {{when: ..., set: ...}}")
-    for i, entry in enumerate(section):
-        _check_keys(entry, keys, f"{where}[{i}]", keys)
-        _check_keys(entry["when"], set(axis_labels), f"{where}[{i}].when")
-        for axis, want in entry["when"].items():
-            for label in want if isinstance(want, list) else [want]:
-                if str(label) not in axis_labels[axis]:
-                    raise SuiteError(f"{where}[{i}].when.{axis}: {label!r} is not a label of the axis; "
-                                     f"labels: {axis_labels[axis]}")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _check_seeds(seeds: Any, where: str) -> None:
-    """Seeds: a non-empty list of distinct non-negative integers (``seeds: 1`` or ``"42"`` is not)."""
-    if not isinstance(seeds, list) or not seeds:
-        raise SuiteError(f"{where}: expected a non-empty list of integers, e.g. [0, 1, 2], got {seeds!r}")
-    for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise SuiteError(f"{where}: {seed!r} is not a non-negative integer; write e.g. [0, 1, 2]")
-    duplicates = sorted({s for s in seeds if seeds.count(s) > 1})
-    if duplicates:
-        raise SuiteError(f"{where}: seed(s) {duplicates} listed twice; list each seed once")
-
-
-#: the run metrics a suite's ``metric`` may name, as logged by :mod:`benchmarks.tracking`
-FINAL_METRICS = (*EVAL_KEYS, "train_loss", "wall_s", "stopped_round", *ANALYSIS_METRICS)
-HISTORY_METRICS = tuple(f"round/{k}" for k in (*EVAL_KEYS, "train_loss"))
-CURVE_METRICS = ("curve/acc", "curve/acc_weighted")
-
-
-def _check_metric(metric: Any, path: Path) -> None:
-    _check_keys(metric, METRIC_KEYS, f"{path}: metric", {"key"})
-    if metric.get("pm", "std") not in ("std", "sem", "none"):
-        raise SuiteError(f"{path}: metric.pm must be std, sem or none, got {metric['pm']!r}")
-    history = metric.get("aggregate") == "best_val_round"
-    allowed = HISTORY_METRICS if history else FINAL_METRICS
-    key_ok = isinstance(metric["key"], str) and not history and metric["key"].startswith(EVAL_KEY_PREFIXES)
-    if metric["key"] not in allowed and not key_ok:
-        raise SuiteError(f"{path}: metric.key: {metric['key']!r} is not a metric that runs log; allowed: "
-                         f"{list(allowed)}")
-    if "curve_metric" in metric and metric["curve_metric"] not in CURVE_METRICS:
-        raise SuiteError(f"{path}: metric.curve_metric: {metric['curve_metric']!r}; allowed: {list(CURVE_METRICS)}")
-    for key in ("scale", "ddof"):
-        if key in metric and not _is_number(metric[key]):
-            raise SuiteError(f"{path}: metric.{key}: expected a number, got {metric[key]!r}")
-
-
-def _check_published_numbers(entry: dict, where: str) -> None:
-    """The paper's numbers are numbers: ``mean`` (and ``pm`` when given) finite, ``runs`` >= 1."""
-    for key in ("mean", "pm"):
-        if key in entry and entry[key] is not None and not _is_number(entry[key]):
-            raise SuiteError(f"{where}.{key}: expected a number, got {entry[key]!r}; write the paper's value "
-                             f"without units or '%' (e.g. 81.2)")
-    if entry.get("pm") is not None and entry["pm"] < 0:
-        raise SuiteError(f"{where}.pm: a spread cannot be negative, got {entry['pm']!r}")
-    runs = entry.get("runs")
-    if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
-        raise SuiteError(f"{where}.runs: expected a positive integer, got {runs!r}")
-    if entry.get("pm_kind") not in (None, "std", "sem", "none"):
-        raise SuiteError(f"{where}.pm_kind: expected std, sem or none, got {entry['pm_kind']!r}")
 
 
 def load_suite(path: str | Path) -> Suite:
@@ -638,12 +361,12 @@ def load_suite(path: str | Path) -> Suite:
         raw = read_yaml(path)
     except YamlFileError as err:
         raise SuiteError(str(err)) from None
-    _check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
-    _check_metric(raw["metric"], path)
-    _check_seeds(raw["seeds"], f"{path}: seeds")
+    check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
+    check_metric(raw["metric"], path)
+    check_seeds(raw["seeds"], f"{path}: seeds")
     for name, prof in (raw.get("profiles") or {}).items():
         if isinstance(prof, dict) and "seeds" in prof:
-            _check_seeds(prof["seeds"], f"{path}: profiles.{name}.seeds")
+            check_seeds(prof["seeds"], f"{path}: profiles.{name}.seeds")
     if not isinstance(raw["grid"], list) or not raw["grid"]:
         raise SuiteError(f"{path}: grid: expected a non-empty list of axes, e.g. "
                          f"[{{name: method, key: method.name, values: [fedavg, local]}}]")
@@ -656,11 +379,11 @@ def load_suite(path: str | Path) -> Suite:
     axis_labels = {a.name: a.labels for a in axes}
     override_sections = [("overrides", raw.get("overrides"))]
     for name, prof in (raw.get("profiles") or {}).items():
-        _check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
+        check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
         override_sections.append((f"profiles.{name}.overrides", (prof or {}).get("overrides")))
     for where, section in override_sections:
-        _check_overrides(section, axis_labels, f"{path}: {where}")
-    _check_marks(raw.get("marks"), axis_labels, f"{path}: marks")
+        check_overrides(section, axis_labels, f"{path}: {where}")
+    check_marks(raw.get("marks"), axis_labels, f"{path}: marks")
     method_sections = [("methods", raw.get("methods"))] + [
         (f"profiles.{name}.methods", (prof or {}).get("methods"))
         for name, prof in (raw.get("profiles") or {}).items()]
@@ -668,32 +391,24 @@ def load_suite(path: str | Path) -> Suite:
         for name in section or {}:
             if name not in METHODS:
                 raise SuiteError(f"{path}: {where}.{name}: unknown method; allowed: {METHODS.names()}")
-    _check_tuned(raw, path)
+    check_tuned(raw, path)
     suite = Suite(path, raw, axes)
     cells = suite.cells()
     axis_names = [a.name for a in axes]
     if not isinstance(raw.get("published") or [], list):
         raise SuiteError(f"{path}: published: expected a list of {{cell: ..., mean: ...}}")
     for i, entry in enumerate(suite.published):
-        _check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean", "source"})
-        _check_source(entry, f"{path}: published[{i}]")
-        _check_published_numbers(entry, f"{path}: published[{i}]")
+        check_keys(entry, PUBLISHED_KEYS, f"{path}: published[{i}]", {"cell", "mean", "source"})
+        check_source(entry, f"{path}: published[{i}]")
+        check_published_numbers(entry, f"{path}: published[{i}]")
         entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{path}: published[{i}].cell")
     _check_published_quantities(suite, axis_names, cells)
-    checks = Checks(_check_keys, lambda cell, where: check_cell(cell, axis_names, cells, where), SuiteError)
+    checks = Checks(check_keys, lambda cell, where: check_cell(cell, axis_names, cells, where), SuiteError)
     suite.code_references = {cell_id(ref.cell): ref for ref in
                              parse_code_reference(raw.get("code_reference"), f"{path}: code_reference", checks)}
     for profile in suite.profiles:
         suite.expand(profile)
     return suite
-
-
-def _check_source(entry: dict, where: str) -> None:
-    """A published value names where it is printed (e.g. "Table 2"): a value without a traceable
-    source is not a reference (issue 28)."""
-    if not isinstance(entry["source"], str) or not entry["source"].strip():
-        raise SuiteError(f"{where}.source: expected where the value is published (e.g. 'Table 2'), "
-                         f"got {entry['source']!r}")
 
 
 def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list[dict[str, str]]) -> None:
@@ -706,9 +421,9 @@ def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list
         raise SuiteError(f"{where}: expected a list of {{cell: ..., quantity: ..., mean: ...}}")
     seen = set()
     for i, entry in enumerate(section):
-        _check_keys(entry, QUANTITY_KEYS, f"{where}[{i}]", {"cell", "quantity", "mean", "source"})
-        _check_source(entry, f"{where}[{i}]")
-        _check_published_numbers({"mean": entry["mean"]}, f"{where}[{i}]")
+        check_keys(entry, QUANTITY_KEYS, f"{where}[{i}]", {"cell", "quantity", "mean", "source"})
+        check_source(entry, f"{where}[{i}]")
+        check_published_numbers({"mean": entry["mean"]}, f"{where}[{i}]")
         if not isinstance(entry["quantity"], str) or not entry["quantity"]:
             raise SuiteError(f"{where}[{i}].quantity: expected a name (e.g. beta), got {entry['quantity']!r}")
         entry["cell"] = check_cell(entry["cell"], axis_names, cells, f"{where}[{i}].cell")
@@ -716,16 +431,6 @@ def _check_published_quantities(suite: Suite, axis_names: list[str], cells: list
         if key in seen:
             raise SuiteError(f"{where}[{i}]: {key[1]!r} of cell {key[0]} is listed twice; list each once")
         seen.add(key)
-
-
-def check_cell(cell: Any, axis_names: list[str], cells: list[dict[str, str]], where: str) -> dict[str, str]:
-    """A cell named in the suite file (``published``, ``code_reference``): every axis, a cell of the
-    grid; returned in axis order with string labels, whatever the YAML wrote."""
-    _check_keys(cell, set(axis_names), where, set(axis_names))
-    cell = {name: str(cell[name]) for name in axis_names}
-    if cell not in cells:
-        raise SuiteError(f"{where}: {cell} is not a cell of the grid")
-    return cell
 
 
 def parse_only(items: list[str] | None) -> dict[str, list[str]]:

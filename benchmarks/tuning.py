@@ -65,7 +65,8 @@ from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
 
 from benchmarks.search_spaces import get_space
 from benchmarks.stores import mask_uri, results_dir
-from benchmarks.suite import RunSpec, Suite, SuiteError, _apply, cell_id, load_suite, validate_config
+from benchmarks.suite import RunSpec, Suite, _apply, cell_id, load_suite
+from benchmarks.suite_schema import SuiteError, validate_config
 from pfl_core.atomic_file import write_text
 
 DEFAULT_TRIALS = 20

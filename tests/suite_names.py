@@ -11,7 +11,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from benchmarks.suite import FREE_FORM, SCHEMA_KEYS, _leaves
+from benchmarks.suite_schema import FREE_FORM, SCHEMA_KEYS, leaves as _leaves
 from pfl_core.algorithms import METHODS
 from pfl_core.data import DATASETS
 from pfl_core.evaluation import PROTOCOLS

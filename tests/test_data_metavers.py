@@ -324,7 +324,7 @@ def test_a_run_on_metavers_cifar10_splits(tmp_path, monkeypatch):
 
 
 def test_suite_validation_checks_split_names_and_partitioner():
-    from benchmarks.suite import SuiteError, validate_config
+    from benchmarks.suite_schema import SuiteError, validate_config
 
     def config(**data):
         return {"data": {"dataset": "cifar10", "client_splits": {}, "partition": {"name": "classes_per_client"},

@@ -9,7 +9,8 @@ import pytest
 from pypdf import PdfReader
 
 from benchmarks.reporting import render_paper
-from benchmarks.suite import SuiteError, load_suite
+from benchmarks.suite import load_suite
+from benchmarks.suite_schema import SuiteError
 from benchmarks.tracking import Tracker
 from conftest import store, write_suite
 

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from benchmarks.reporting.build import write_report
-from benchmarks.suite import SuiteError, load_suite
+from benchmarks.suite import load_suite
+from benchmarks.suite_schema import SuiteError
 from benchmarks.tracking import Tracker
 from conftest import store, tiny_suite_dict, write_suite
 

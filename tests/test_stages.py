@@ -14,7 +14,8 @@ import benchmarks.worker as worker
 from benchmarks.runner import run_sweep
 from benchmarks.executors import LocalExecutor
 from benchmarks.stages import ORPHANED_TAG, PRETRAIN_EXPERIMENT, STATE_PATH
-from benchmarks.suite import SuiteError, config_hash, load_suite, stage1_hash
+from benchmarks.suite import config_hash, load_suite, stage1_hash
+from benchmarks.suite_schema import SuiteError
 from benchmarks.tracking import Tracker, read_json_artifact
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment

@@ -13,7 +13,8 @@ import benchmarks.tuning as tuning
 from benchmarks.cli import main
 from benchmarks.runner import run_sweep
 from benchmarks.search_spaces import NOTHING_TO_TUNE, SPACES, NoSearchSpaceError, get_space, suggest
-from benchmarks.suite import SuiteError, _apply, load_suite, validate_config
+from benchmarks.suite import _apply, load_suite
+from benchmarks.suite_schema import SuiteError, validate_config
 from benchmarks.tracking import Tracker
 from benchmarks.tuning import TuneError, TuneOptions, tune, tuning_config
 from conftest import store, tiny_suite_dict, write_suite
