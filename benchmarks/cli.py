@@ -210,7 +210,8 @@ def cmd_snapshot(args) -> int:
 
 def cmd_tune(args) -> int:
     """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning)."""
-    from benchmarks.tuning import TuneOptions, tune
+    from benchmarks.tuning import tune
+    from benchmarks.tuning_study import TuneOptions
 
     check_local_device(args)
 

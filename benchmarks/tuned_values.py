@@ -2,12 +2,17 @@
 and the reading of a file, cached per path and modification time."""
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from benchmarks.yaml_file import YamlFileError, read_yaml
 from pfl_core.algorithms import METHODS
 
 from benchmarks.suite_schema import SuiteError, check_keys
+from pfl_core.atomic_file import write_text
 
 TUNED_KEYS = {"methods", "file", "profile"}
 
@@ -63,3 +68,35 @@ def check_tuned(raw: dict, path: Path) -> None:
     if spec.get("file") is not None and (not isinstance(spec["file"], str) or spec["file"].endswith(".yaml")):
         raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite, not ending in "
                          f".yaml (every *.yaml beside a suite is read as a suite), e.g. {path.stem}.tuned.yml")
+
+
+TUNED_HEADER = ("# Written by `pflbench tune` (benchmarks/tuning.py): the best parameters per cell, method and\n"
+                "# tuning profile, with their provenance. A suite uses them for the methods its `tuned` key\n"
+                "# lists (benchmarks/suite.py). Edit by re-tuning, not by hand.\n")
+
+
+# -- the tuned-parameters file --------------------------------------------------------------------
+def write_tuned(path: Path, suite_key: str, cid: str, method: str, profile: str, params: dict,
+                provenance: dict) -> Path:
+    """Set ``cells[cid][method][profile] = {params, provenance}`` in the tuned file (locked
+    read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:  # the file itself is replaced
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+        data["suite"] = suite_key
+        entry = {"params": {k: _plain(v) for k, v in params.items()}, "provenance": _plain(provenance)}
+        data.setdefault("cells", {}).setdefault(cid, {}).setdefault(method, {})[profile] = entry
+        write_text(path, TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
+    return path
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    return value

@@ -49,93 +49,25 @@ Tuned values
 from __future__ import annotations
 
 import copy
-import datetime as _dt
-import fcntl
 import json
 import math
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import optuna
-import yaml
 
 from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
 
 from benchmarks.search_spaces import get_space
-from benchmarks.stores import mask_uri, results_dir
 from benchmarks.suite import RunSpec, Suite, _apply, cell_id, load_suite
 from benchmarks.suite_schema import SuiteError, validate_config
-from pfl_core.atomic_file import write_text
-
-DEFAULT_TRIALS = 20
-DEFAULT_SEEDS = (1000, 1001)
-TUNED_HEADER = ("# Written by `pflbench tune` (benchmarks/tuning.py): the best parameters per cell, method and\n"
-                "# tuning profile, with their provenance. A suite uses them for the methods its `tuned` key\n"
-                "# lists (benchmarks/suite.py). Edit by re-tuning, not by hand.\n")
+from benchmarks.tuned_values import write_tuned
+from benchmarks.tuning_study import (StudyResult, TrialLogger, TuneError, TuneOptions, default_storage,
+                                     fail_stale_trials, finished_trials, load_study, log_unlogged_trials,
+                                     make_pruner, make_sampler, public_url, utc_now, study_name)
 
 
-class TuneError(SuiteError):
-    """Bad tuning input (method, cell, seeds, storage); the message names the fix."""
-
-
-@dataclass
-class TuneOptions:
-    profile: str = "paper"
-    trials: int = DEFAULT_TRIALS
-    """The study's total budget (finished trials of any state)."""
-    timeout: float | None = None
-    """Seconds per worker for this invocation (Optuna's ``timeout``)."""
-    storage: str | None = None
-    """Optuna RDB URL; None = ``sqlite:///<abs>/results/optuna.db``."""
-    jobs: int = 1
-    seeds: tuple[int, ...] = DEFAULT_SEEDS
-    validation_fraction: float = 0.2
-    val_split: float = 0.1
-    eval_points: int = 5
-    sampler: str = "tpe"
-    sampler_seed: int = 0
-    pruner: str = "median"
-    pruner_startup: int = 5
-    """Trials completed before the median pruner prunes (Optuna's ``n_startup_trials``)."""
-    device: str = "auto"
-    data_dir: str | None = None
-    tracking_uri: str | None = None
-    write: bool = True
-    """Write the best parameters to the suite's tuned file."""
-    echo: Callable[[str], None] | None = print
-
-
-@dataclass
-class StudyResult:
-    study_name: str
-    cell: dict[str, str]
-    method: str
-    n_complete: int
-    n_pruned: int
-    n_failed: int
-    best_value: float | None = None
-    best_trial: int | None = None
-    best_params: dict = field(default_factory=dict)
-    tuned_file: str | None = None
-
-
-# -- storage ----------------------------------------------------------------------------------------
-def default_storage(folder: Path | None = None) -> str:
-    """``sqlite:///<results dir>/optuna.db`` (:func:`benchmarks.stores.results_dir`)."""
-    folder = folder or results_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{folder.resolve() / 'optuna.db'}"
-
-
-def public_url(url: str) -> str:
-    """The storage URL without its password (for provenance, tags and messages)."""
-    return mask_uri(url)
-
-
-def study_name(suite: Suite, cid: str, method: str, profile: str) -> str:
-    return f"{suite.key}|{cid}|{method}|{profile}"
 
 
 # -- which cells ------------------------------------------------------------------------------------
@@ -308,135 +240,6 @@ class Objective:
         return sum(finals) / len(finals)
 
 
-# -- samplers, pruners, studies ---------------------------------------------------------------------
-def make_sampler(opts: TuneOptions, offset: int = 0) -> optuna.samplers.BaseSampler:
-    """Seeded; ``offset`` (finished trials, worker index) keeps a resumed study from replaying the
-    random start-up suggestions it already tried."""
-    seed = opts.sampler_seed + offset
-    if opts.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if opts.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
-    raise TuneError(f"--sampler must be tpe or random, got {opts.sampler!r}")
-
-
-def make_pruner(opts: TuneOptions, max_steps: int) -> optuna.pruners.BasePruner:
-    if opts.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=opts.pruner_startup, n_warmup_steps=0)
-    if opts.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(1, max_steps), reduction_factor=3)
-    if opts.pruner == "none":
-        return optuna.pruners.NopPruner()
-    raise TuneError(f"--pruner must be median, hyperband or none, got {opts.pruner!r}")
-
-
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-
-
-def _finished(study: optuna.Study) -> int:
-    """Finished trials that count against the budget: all but those failed as stale (their worker
-    died; :func:`fail_stale_trials`), which are run again."""
-    return sum(not t.user_attrs.get("stale") for t in study.get_trials(deepcopy=False, states=FINISHED))
-
-
-OWNERLESS_STALE_S = 60.0
-"""Harness choice (issue 29, item 5): a RUNNING trial that never recorded its ``owner`` (a kill
-between Optuna creating the trial and the objective's first line) is stale once it started this
-many seconds ago; the same span as a run claim's lease (``benchmarks.claims.LEASE_S``), within which
-a live worker of another ``pflbench tune`` has long recorded its owner."""
-
-
-def _stale_reason(trial: optuna.trial.FrozenTrial, ownerless_after_s: float) -> str | None:
-    """Why RUNNING ``trial`` is stale (its owner died on this host, or it has no owner and started
-    over ``ownerless_after_s`` ago), None while it may still be running."""
-    from benchmarks.claims import owner_dead
-
-    owner = trial.user_attrs.get("owner")
-    if owner:
-        return f"left RUNNING by {owner}, which died" if owner_dead(owner) else None
-    started = trial.datetime_start or _dt.datetime.now()
-    age = (_dt.datetime.now() - started).total_seconds()
-    return f"left RUNNING with no owner since {started:%H:%M:%S} ({age:.0f} s)" if age >= ownerless_after_s else None
-
-
-def fail_stale_trials(study: optuna.Study, ownerless_after_s: float | None = None) -> int:
-    """Mark FAIL every stale RUNNING trial (:func:`_stale_reason`): kill -9 or Ctrl-C left it
-    RUNNING. They get ``failure_reason`` and ``stale``, do not count against the budget, and are
-    logged to MLflow like any finished trial. Return how many."""
-    from benchmarks.claims import this_owner
-
-    after = OWNERLESS_STALE_S if ownerless_after_s is None else ownerless_after_s
-    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-    stale = [(t, why) for t in running if (why := _stale_reason(t, after))]
-    storage = study._storage
-    for trial, why in stale:
-        reason = f"stale: {why}; failed by {this_owner()}"
-        storage.set_trial_user_attr(trial._trial_id, "failure_reason", reason)
-        storage.set_trial_user_attr(trial._trial_id, "stale", True)
-        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
-    return len(stale)
-
-
-def _load_study(name: str, storage: str, opts: TuneOptions, max_steps: int, offset: int) -> optuna.Study:
-    return optuna.create_study(study_name=name, storage=storage, direction="maximize",
-                               sampler=make_sampler(opts, offset), pruner=make_pruner(opts, max_steps),
-                               load_if_exists=True)
-
-
-# -- MLflow: one run per trial ------------------------------------------------------------------------
-class TrialLogger:
-    """Optuna callback: log each finished trial as a run of experiment ``<suite key>/tuning``."""
-
-    def __init__(self, suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions, storage: str,
-                 describe: dict):
-        self.suite_key, self.cell, self.method = suite.key, cell, method
-        self.profile, self.uri, self.storage, self.describe = opts.profile, opts.tracking_uri, storage, describe
-        self.echo = opts.echo
-        self._tracker = None
-        self._git = None
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        from mlflow.entities import Metric, Param
-
-        from benchmarks.tracking import Tracker, git_state
-
-        if self._tracker is None:
-            self._tracker, self._git = Tracker(self.uri), git_state()
-        client = self._tracker.client
-        exp = self._tracker.experiment_id(f"{self.suite_key}/tuning")
-        value = trial.value if trial.state == optuna.trial.TrialState.COMPLETE else None
-        tags = {
-            "study": study.study_name, "trial": str(trial.number), "state": trial.state.name,
-            "value": "" if value is None else repr(value), "params": json.dumps(trial.params, sort_keys=True),
-            "suite": self.suite_key, "cell": cell_id(self.cell), "method": self.method, "profile": self.profile,
-            "storage": public_url(self.storage), "objective": json.dumps(self.describe, sort_keys=True),
-            "git_commit": self._git[0], "git_dirty": str(self._git[1]).lower(),
-            "mlflow.runName": f"{cell_id(self.cell)} trial {trial.number}",
-            **{f"cell.{k}": v for k, v in self.cell.items()},
-        }
-        if trial.user_attrs.get("failure_reason"):
-            tags["failure_reason"] = str(trial.user_attrs["failure_reason"])[:5000]
-        start = trial.datetime_start or _dt.datetime.now()
-        end = trial.datetime_complete or _dt.datetime.now()
-        run = client.create_run(exp, start_time=int(start.timestamp() * 1000), tags=tags)
-        now = int(time.time() * 1000)
-        metrics = [Metric("objective", float(v), now, int(step)) for step, v in sorted(trial.intermediate_values.items())]
-        if value is not None:
-            metrics.append(Metric("value", float(value), now, 0))
-        for k, v in enumerate(trial.user_attrs.get("seed_values", [])):
-            metrics.append(Metric("seed_value", float(v), now, k))
-        params = [Param(k, str(v)) for k, v in trial.params.items()]
-        client.log_batch(run.info.run_id, metrics=metrics, params=params)
-        status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(trial.state.name, "FAILED")
-        client.set_terminated(run.info.run_id, status=status, end_time=int(end.timestamp() * 1000))
-        if self.echo:
-            shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
-                              for k, v in trial.params.items())
-            extra = f" ({trial.user_attrs['failure_reason']})" if trial.user_attrs.get("failure_reason") else ""
-            self.echo(f"  trial {trial.number:3d} {trial.state.name:8s} "
-                      f"{'' if value is None else f'value={value:.4f} '}{shown}{extra}")
-
-
 # -- running a study --------------------------------------------------------------------------------
 def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name: str, storage: str,
               n_trials: int, offset: int, threads: int | None = None, log: bool = True) -> None:
@@ -449,30 +252,9 @@ def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     suite = load_suite(suite_path)
     objective = Objective(suite, cell, method, opts)
-    study = _load_study(name, storage, opts, len(opts.seeds) * objective.rounds, offset)
+    study = load_study(name, storage, opts, len(opts.seeds) * objective.rounds, offset)
     callbacks = [TrialLogger(suite, cell, method, opts, storage, objective.describe())] if log else []
     study.optimize(objective, n_trials=n_trials, timeout=opts.timeout, catch=(Exception,), callbacks=callbacks)
-
-
-def log_unlogged_trials(name: str, storage: str, logger: TrialLogger) -> None:
-    """Log every finished trial of the study that has no complete MLflow run yet: Ray workers write
-    no MLflow, and a worker killed between Optuna's record and MLflow's leaves a trial unlogged or
-    its run RUNNING (deleted here and logged again)."""
-    from benchmarks.tracking import Tracker
-
-    tracker = Tracker(logger.uri)
-    logged = set()
-    for run in tracker.runs(f"{logger.suite_key}/tuning", status=None):
-        if run.data.tags.get("study") != name:
-            continue
-        if run.info.status == "RUNNING":
-            tracker.client.delete_run(run.info.run_id)
-        else:
-            logged.add(run.data.tags.get("trial"))
-    study = optuna.load_study(study_name=name, storage=storage)
-    for trial in study.get_trials(deepcopy=False, states=FINISHED):
-        if str(trial.number) not in logged:
-            logger(study, trial)
 
 
 def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions, executor=None) -> StudyResult:
@@ -486,7 +268,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     objective = Objective(suite, cell, method, opts)
     describe = objective.describe()
     try:
-        study = _load_study(name, storage, opts, len(opts.seeds) * objective.rounds, 0)
+        study = load_study(name, storage, opts, len(opts.seeds) * objective.rounds, 0)
     except Exception as err:  # noqa: BLE001 - a bad URL or unreachable server: one clear line
         raise TuneError(f"--storage {public_url(storage)}: cannot open the Optuna storage: {err}") from None
     stored = study.user_attrs.get("objective")
@@ -497,17 +279,17 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     stale = fail_stale_trials(study)
     if stale:
         echo(f"study {name}: {stale} trial(s) left RUNNING by a dead worker marked FAIL; running them again")
-    done = _finished(study)
+    done = finished_trials(study)
     if stored is None:
         study.set_user_attr("objective", describe)
         study.set_user_attr("suite", suite.key)
         study.set_user_attr("cell", cid)
         study.set_user_attr("method", method)
         study.set_user_attr("profile", opts.profile)
-        study.set_user_attr("created", _now())
+        study.set_user_attr("created", utc_now())
     budget = {"n_trials": opts.trials, "timeout": opts.timeout, "sampler": opts.sampler, "pruner": opts.pruner}
     history = list(study.user_attrs.get("budget_history", []))
-    history.append({**budget, "date": _now(), "finished_before": done})
+    history.append({**budget, "date": utc_now(), "finished_before": done})
     study.set_user_attr("budget", budget)
     study.set_user_attr("budget_history", history)
     remaining = max(0, opts.trials - done)
@@ -541,7 +323,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
                     log_unlogged_trials(name, storage, logger)
                 if error is not None:
                     raise error
-    study = _load_study(name, storage, opts, 1, 0)
+    study = load_study(name, storage, opts, 1, 0)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     result = StudyResult(name, cell, method, states.count(optuna.trial.TrialState.COMPLETE),
                          states.count(optuna.trial.TrialState.PRUNED), states.count(optuna.trial.TrialState.FAIL))
@@ -561,7 +343,7 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
             "trials": {"complete": result.n_complete, "pruned": result.n_pruned, "failed": result.n_failed},
             "tuning_seeds": list(opts.seeds), "seed_values": best.user_attrs.get("seed_values"),
             "validation": describe["validation"], "search_space": describe["search_space"],
-            "sampler": opts.sampler, "pruner": opts.pruner, "date": _now(), "git_commit": commit,
+            "sampler": opts.sampler, "pruner": opts.pruner, "date": utc_now(), "git_commit": commit,
             "git_dirty": dirty,
         }
         result.tuned_file = str(write_tuned(suite.tuned_path, suite.key, cid, method, opts.profile,
@@ -582,34 +364,3 @@ def tune(suite_path: str | Path, methods: list[str] | None = None, cells: dict[s
     make_sampler(opts), make_pruner(opts, 1)
     return [tune_cell(suite, cell, method, opts, executor)
             for cell, method in select(suite, methods, cells, opts.profile)]
-
-
-# -- the tuned-parameters file --------------------------------------------------------------------
-def write_tuned(path: Path, suite_key: str, cid: str, method: str, profile: str, params: dict,
-                provenance: dict) -> Path:
-    """Set ``cells[cid][method][profile] = {params, provenance}`` in the tuned file (locked
-    read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:  # the file itself is replaced
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
-        data["suite"] = suite_key
-        entry = {"params": {k: _plain(v) for k, v in params.items()}, "provenance": _plain(provenance)}
-        data.setdefault("cells", {}).setdefault(cid, {}).setdefault(method, {})[profile] = entry
-        write_text(path, TUNED_HEADER + yaml.safe_dump(data, sort_keys=False, width=110))
-    return path
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if hasattr(value, "item"):  # numpy scalars
-        return value.item()
-    return value
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

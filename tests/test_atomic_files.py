@@ -11,9 +11,9 @@ import pytest
 from conftest import store
 from test_report import fill_hand_store
 
-from benchmarks.report import render_paper
+from benchmarks.reporting import render_paper
 from benchmarks.tracking import Tracker
-from benchmarks.tuning import write_tuned
+from benchmarks.tuned_values import write_tuned
 from pfl_core.atomic_file import atomic_path, write_text
 
 

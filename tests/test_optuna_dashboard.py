@@ -16,7 +16,8 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from benchmarks.tuning import TuneOptions, tune
+from benchmarks.tuning import tune
+from benchmarks.tuning_study import TuneOptions
 from conftest import REPO_ROOT, free_port, store, tiny_suite_dict, wait_for, write_suite
 
 optuna_dashboard = pytest.importorskip("optuna_dashboard", reason="pip install -e '.[dashboard]'")

@@ -233,7 +233,8 @@ def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     runs the trials still lacking: every Optuna trial has exactly one finished MLflow run."""
     import optuna
 
-    from benchmarks.tuning import TrialLogger, TuneOptions, _load_study, study_name, tune
+    from benchmarks.tuning import _load_study, tune
+    from benchmarks.tuning_study import TrialLogger, TuneOptions, study_name
     from conftest import tiny_suite_dict, write_suite
     from test_claims import dead_pid
 
@@ -276,7 +277,7 @@ def test_a_trial_killed_before_it_recorded_its_owner_is_failed_too(tmp_path):
     import optuna
 
     from benchmarks.claims import this_owner
-    from benchmarks.tuning import OWNERLESS_STALE_S, fail_stale_trials
+    from benchmarks.tuning_study import OWNERLESS_STALE_S, fail_stale_trials
 
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
     ownerless = study.ask()

@@ -292,7 +292,7 @@ def test_git_state_outside_a_repository(tmp_path, monkeypatch):
 def test_default_store_does_not_depend_on_the_current_directory(tmp_path, monkeypatch):
     """Issue 15 item 7: a sweep started from another folder finds the same store: the checkout's
     results/ by default, $PFLBENCH_RESULTS_DIR when set, $MLFLOW_TRACKING_URI above both."""
-    from benchmarks.tuning import default_storage
+    from benchmarks.tuning_study import default_storage
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("PFLBENCH_RESULTS_DIR", raising=False)

@@ -10,13 +10,15 @@ import yaml
 
 import benchmarks.runner as runner
 import benchmarks.tuning as tuning
+import benchmarks.tuning_study as tuning_study
 from benchmarks.cli import main
 from benchmarks.runner import run_sweep
 from benchmarks.search_spaces import NOTHING_TO_TUNE, SPACES, NoSearchSpaceError, get_space, suggest
 from benchmarks.suite import _apply, load_suite
 from benchmarks.suite_schema import SuiteError, validate_config
 from benchmarks.tracking import Tracker
-from benchmarks.tuning import TuneError, TuneOptions, tune, tuning_config
+from benchmarks.tuning import tune, tuning_config
+from benchmarks.tuning_study import TuneError, TuneOptions
 from conftest import store, tiny_suite_dict, write_suite
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
@@ -138,7 +140,7 @@ def test_tuning_seeds_must_differ_from_the_table_seeds(tmp_path, isolated, mlsto
         tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, seeds=(1, 1000)))
     with pytest.raises(TuneError, match=r"no cell with method \['nope'\]"):
         tune(path, ["nope"], None, options(tmp_path, mlstore))
-    assert not set(tuning.DEFAULT_SEEDS) & {0, 1}
+    assert not set(tuning_study.DEFAULT_SEEDS) & {0, 1}
 
 
 def test_suite_tuned_key_is_validated(tmp_path):
