@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
-                        help="the path pflbench run would use (auto: batched on CUDA, sequential on CPU)")
+                        help="the path pflbench run would use (auto: by the cost of a client step, pfl_core.engine.choice)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

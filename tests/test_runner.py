@@ -38,7 +38,7 @@ def swept(tmp_path_factory):
         specs = suite.expand("smoke")
         uri, art = store(root / "store")
         tracker = Tracker(uri, art)
-        summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+        summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet, execution="sequential")
     runs = tracker.runs(suite.key, status=None)
     return {"suite": suite, "specs": specs, "tracker": tracker, "summary": summary, "runs": runs,
             "by_hash": {r.data.tags["config_hash"]: r for r in runs}}
