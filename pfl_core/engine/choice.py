@@ -38,12 +38,12 @@ def cpu_threshold_mflop() -> float:
 
 def step_flops(model: nn.Module, input_shape: tuple[int, ...], batch_size: int) -> float:
     """Matmul and convolution FLOPs of one training step (forward, cross-entropy, backward) of
-    ``model`` on a batch of ``batch_size`` zero inputs of ``input_shape`` (on the CPU, in float32;
-    the model's own parameters are not touched)."""
-    template = copy.deepcopy(model).float().cpu()
+    ``model`` on a batch of ``batch_size`` inputs of ``input_shape``, counted on a copy of the
+    model on the ``meta`` device (shapes only: nothing is computed, the model is not touched)."""
+    template = copy.deepcopy(model).float().to("meta")
     params = {k: v.requires_grad_(True) for k, v in model_params(template).items()}
-    x = torch.zeros(batch_size, *input_shape)
-    y = torch.zeros(batch_size, dtype=torch.long)
+    x = torch.zeros(batch_size, *input_shape, device="meta")
+    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
         logits = torch.func.functional_call(template, params, (x,))
         torch.autograd.grad(F.cross_entropy(logits, y), list(params.values()), allow_unused=True)
