@@ -22,8 +22,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from pfl_core.training import model_params
-
 #: On a CPU, batched when a client step costs at most this many MFLOP (harness choice, about the
 #: geometric middle of the two workloads of README "Speed" that bracket it: CGPFL DNN, 8 MFLOP per
 #: step, batched 1.6x faster; CAFeMe model A, 740 MFLOP, batched 0.64x). Switch: the environment
@@ -41,7 +39,7 @@ def step_flops(model: nn.Module, input_shape: tuple[int, ...], batch_size: int) 
     ``model`` on a batch of ``batch_size`` inputs of ``input_shape``, counted on a copy of the
     model on the ``meta`` device (shapes only: nothing is computed, the model is not touched)."""
     template = copy.deepcopy(model).float().to("meta")
-    params = {k: v.requires_grad_(True) for k, v in model_params(template).items()}
+    params = {k: v.detach().requires_grad_(True) for k, v in template.named_parameters()}
     x = torch.zeros(batch_size, *input_shape, device="meta")
     y = torch.zeros(batch_size, dtype=torch.long, device="meta")
     with FlopCounterMode(display=False) as counter:
