@@ -291,8 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data-dir", default=None, help="dataset directory (default: $PFL_DATA_DIR or ~/.cache/pfl-data)")
     run.add_argument("--execution", choices=EXECUTION_CHOICES, default="auto",
                      help="how clients are computed: batched (vmapped stacks of clients), sequential (one at a "
-                          "time, the reference) or auto (batched on a GPU, sequential on a CPU); never changes "
-                          "a number or the config hash")
+                          "time, the reference) or auto (by the counted cost of a client step: batched on a GPU "
+                          "and for small models on a CPU, tag execution_choice); never changes a number or "
+                          "the config hash")
     run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
                      help="run the seeds of each cell together in lockstep, their clients stacked on the "
                           "batched path (one unit of work per cell for --jobs / Ray)")

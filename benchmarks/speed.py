@@ -14,7 +14,8 @@ every workload and device it times
 
 and reports seconds per round (median over ``--rounds`` timed rounds after one warm-up round), the
 speed-up over the sequential path, and the achieved GFLOP/s (convolution and matmul FLOPs of one
-round, counted by ``torch.utils.flop_counter``) next to a plain fp32 matmul's on the same threads.
+round, counted by ``torch.utils.flop_counter``) next to a plain fp32 matmul's on the same threads,
+and the path ``--execution auto`` would take for the workload (:mod:`pfl_core.engine.choice`).
 Nothing is asserted: these are measurements to compare, rerun on your own machine.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pfl_core.atomic_file import atomic_path
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.engine import Executor
+from pfl_core.engine.choice import choose_execution, step_flops
 from pfl_core.evaluation import EvalConfig
 from pfl_core.evaluation.clients import UnseenClients
 from pfl_core.federation import Federation, lockstep_round
@@ -75,6 +77,19 @@ WORKLOADS = [
     Workload("cgpfl-mnist", "CGPFL Table 1, MNIST DNN: CGPFL, 40 clients x 10 local rounds x 5 inner steps, batch 20",
              "cgpfl", "dnn", (784,), {"num_clusters": 4}, train_size=1000, test_size=200, clients=40, per_round=40,
              batch_size=20),
+    Workload("cgpfl-mlr", "CGPFL Table 1, MNIST MLR: CGPFL, 40 clients x 10 local rounds x 5 inner steps, batch 20",
+             "cgpfl", "mlr", (784,), {"num_clusters": 4}, train_size=1000, test_size=200, clients=40, per_round=40,
+             batch_size=20),
+    Workload("pfedme-synthetic", "pFedMe Synthetic(0.5, 0.5), MLR: pFedMe, 10 of 100 clients x 20 local rounds x "
+             "5 inner steps, batch 20 (pFedMe code: local_epochs 20, K 5)", "pfedme", "mlr", (60,),
+             {"local_rounds": 20, "inner_steps": 5}, train_size=400, test_size=40, clients=100, per_round=10,
+             batch_size=20),
+    Workload("cgpfl-cifar10", "CGPFL Table 1, CIFAR-10 CNN: CGPFL, 40 clients x 10 local rounds x 5 inner steps, "
+             "batch 20", "cgpfl", "cgpfl_cnn", (3, 32, 32), {"num_clusters": 4, "lr": 0.03, "personal_lr": 0.01},
+             train_size=1000, test_size=200, clients=40, per_round=40, batch_size=20),
+    Workload("metavers-lenet", "MetaVers Table 2, CIFAR-10: FedAvg, 5 of 50 clients x 50 steps of 64, LeNet",
+             "fedavg", "lenet", (3, 32, 32), {"lr": 0.005, "local_steps": 50, "local_epochs": 0},
+             train_size=800, test_size=200, clients=50, per_round=5, batch_size=64),
 ]
 
 
@@ -109,6 +124,12 @@ def build(w: Workload, device: torch.device, seed: int) -> Federation:
                       RunStreams(seed), evaluate_clients=False)
 
 
+#: ``--clock``: wall time, or this process's CPU time (on a shared machine, where neighbours steal
+#: wall time; with one torch thread it counts the work of this run alone)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
+
+
 def sync(device: torch.device) -> None:
     """Wait for ``device`` itself (``cuda:1`` too, not the current device)."""
     synchronize(device)
@@ -131,10 +152,10 @@ def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rou
     sync(device)
     times = []
     for r in range(rounds):
-        started = time.perf_counter()
+        started = clock()
         step_once(federations, executor, w, r + 1)
         sync(device)
-        times.append((time.perf_counter() - started) / seeds)
+        times.append((clock() - started) / seeds)
     with FlopCounterMode(display=False) as counter:
         step_once(federations[:1], Executor("sequential"), w, rounds + 1)
     return statistics.median(times), counter.get_total_flops() / 1e9
@@ -144,11 +165,17 @@ def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> flo
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     a @ b
     sync(device)
-    started = time.perf_counter()
+    started = clock()
     for _ in range(repeats):
         a @ b
     sync(device)
-    return 2 * n ** 3 * repeats / (time.perf_counter() - started) / 1e9
+    return 2 * n ** 3 * repeats / (clock() - started) / 1e9
+
+
+def auto_choice(w: Workload, device: torch.device, seeds: int) -> str:
+    """The path ``--execution auto`` takes for ``w`` (:mod:`pfl_core.engine.choice`), and why."""
+    model = build_model(w.model, w.input_shape, w.classes)
+    return choose_execution(device.type, step_flops(model, w.input_shape, w.batch_size), w.per_round * seeds)[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--csv", default=None, help="also write the table to this CSV file")
     parser.add_argument("--allow-tf32", action="store_true", help="TF32 matmuls and convolutions on CUDA (default off)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (a busy shared machine; use with --threads 1)")
     args = parser.parse_args(argv)
+    global clock
+    clock = CLOCKS[args.clock]
     if args.threads:
         torch.set_num_threads(args.threads)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -170,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         paths.append((f"batched x{args.seeds}", "batched", args.seeds))
     rows = []
     header = f"{'workload':16s} {'device':6s} {'path':12s} {'s/round':>9s} {'speed-up':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}"
-    print("random pixels with the shapes of each cell (timing only); torch", torch.__version__)
+    print("random pixels with the shapes of each cell (timing only); torch", torch.__version__, "clock", args.clock)
     for device_name in devices:
         device = torch.device(device_name)
         configure_device(device, args.allow_tf32)
@@ -181,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.get_num_threads()}")
         print(header)
         for w in chosen:
+            print(f"{w.name:16s} {device_name:6s} {auto_choice(w, device, 1)}")
             baseline = None
             for label, execution, seeds in paths:
                 seconds, gflop = time_path(w, device, execution, seeds, args.rounds)

@@ -226,6 +226,7 @@ class Tracker:
             # how the run was computed (never part of the config hash): sequential/batched, lockstep group size
             "execution": info.get("execution", ""),
             "lockstep_runs": str(info.get("lockstep_runs", "")),
+            "execution_choice": info.get("execution_choice", ""),  # why auto chose the path (empty: asked for)
             "torch_threads": str(info.get("torch_threads", "")),
             "deterministic": str(bool(info.get("deterministic", False))).lower(),
             # what GPU numbers depend on (pfl_core.engine.device.device_info)

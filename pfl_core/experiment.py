@@ -25,6 +25,7 @@ from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, FederatedData, standardize
 from pfl_core.engine import EXECUTIONS, Executor
+from pfl_core.engine.choice import choose_execution, step_flops
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
@@ -101,14 +102,34 @@ def warm_start(setups: list["RunSetup"], executor: Executor | None = None) -> li
 EXECUTION_CHOICES = ("auto", *EXECUTIONS)
 
 
-def make_executor(execution: str, device: torch.device) -> Executor:
-    """The executor of ``execution``; ``auto`` is ``batched`` on a GPU and ``sequential`` on a CPU,
-    where stacking clients does not pay (docs/speed.md)."""
+def make_executor(execution: str, device: torch.device, setups: list["RunSetup"] | None = None) -> Executor:
+    """The executor of ``execution``; ``auto`` chooses per run from the cost of one client step of
+    ``setups[0]`` (:func:`pfl_core.engine.choice.choose_execution`: batched on a GPU, and on a CPU
+    for small models whose steps are bound by per-step overhead; docs/speed.md). The reason is
+    kept on the executor (``choice``) for the run's record."""
     if execution not in EXECUTION_CHOICES:
         raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
-    if execution == "auto":
-        execution = "batched" if device.type == "cuda" else "sequential"
-    return Executor(execution)
+    if execution != "auto":
+        return Executor(execution)
+    chosen, why = choose_execution(device.type, *auto_inputs(setups or []))
+    executor = Executor(chosen)
+    executor.choice = why
+    return executor
+
+
+def auto_inputs(setups: list["RunSetup"]) -> tuple[float | None, int]:
+    """(FLOPs of one client step, clients per executor call) of runs in lockstep, for ``auto``;
+    the FLOPs are None where the model cannot be counted alone (a model with extra inputs)."""
+    if not setups:
+        return None, 2
+    s = setups[0]
+    fed_cfg = s.cfg.federation
+    per_round = s.algorithm.clients_per_round(fed_cfg.clients_per_round) or len(s.fed.train_clients)
+    try:
+        flops = step_flops(s.model, tuple(s.dataset.input_shape), fed_cfg.batch_size)
+    except Exception:  # noqa: BLE001 - any model the counter cannot call alone: the device decides
+        flops = None
+    return flops, per_round * len(setups)
 
 
 def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
@@ -116,6 +137,8 @@ def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
     advanced together) and, on a fallback, why."""
     info = {"execution": "batched" if executor.uses_batched(algorithm) else "sequential",
             "lockstep_runs": lockstep}
+    if getattr(executor, "choice", None):
+        info["execution_choice"] = executor.choice
     if executor.execution == "batched" and algorithm.batched_fallback:
         info["execution_fallback"] = algorithm.batched_fallback
     return info
@@ -313,10 +336,12 @@ def run_experiments(
     started = time.perf_counter()
     dev = resolve_device(device)
     configure_device(dev, allow_tf32)
-    executor = make_executor(execution, dev)
+    if execution not in EXECUTION_CHOICES:
+        raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
     _check_lockstep(cfgs)
     provider = pretrained or InProcessPretraining(device, data_dir, execution, allow_tf32)
     setups = [prepare_run(cfg, dev, data_dir, provider) for cfg in cfgs]
+    executor = make_executor(execution, dev, setups)
     saved = checkpointing.available() if checkpointing is not None else None
     inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [

@@ -188,9 +188,11 @@ def test_lockstep_refuses_runs_that_differ_in_more_than_the_seed():
         run_experiments([_config("fedavg"), _config("local", seed=1)], device="cpu")
 
 
-def test_auto_execution_is_sequential_on_a_cpu_and_recorded():
-    run = run_experiment(_config(), device="cpu")
-    assert run.info["execution"] == "sequential"
+def test_auto_execution_is_chosen_by_cost_and_recorded():
+    run = run_experiment(_config(), device="cpu")  # MLR: a client step of well under 100 MFLOP
+    assert run.info["execution"] == "batched"
+    assert "MFLOP per client step" in run.info["execution_choice"]
+    assert "execution_choice" not in run_experiment(_config(), device="cpu", execution="sequential").info
     with pytest.raises(ValueError, match="execution must be one of"):
         run_experiment(_config(), device="cpu", execution="vectorised")
 

@@ -38,7 +38,7 @@ def swept(tmp_path_factory):
         specs = suite.expand("smoke")
         uri, art = store(root / "store")
         tracker = Tracker(uri, art)
-        summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+        summary = run_sweep(suite, specs, tracker, device="cpu", echo=quiet, execution="sequential")
     runs = tracker.runs(suite.key, status=None)
     return {"suite": suite, "specs": specs, "tracker": tracker, "summary": summary, "runs": runs,
             "by_hash": {r.data.tags["config_hash"]: r for r in runs}}
@@ -255,7 +255,7 @@ def test_same_cell_and_seed_is_deterministic_across_stores(tmp_path, swept):
     suite = swept["suite"]
     specs = [s for s in swept["specs"] if s.cell["method"] == "fedavg_ft" and s.cell["setting"] == "dir"]
     tracker = Tracker(*store(tmp_path / "other"))
-    run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    run_sweep(suite, specs, tracker, device="cpu", echo=quiet, execution="sequential")  # the path of `swept`
     mine = {r.data.tags["config_hash"]: r for r in tracker.runs(suite.key)}
     assert set(mine) == {s.config_hash for s in specs}
     for spec in specs:
@@ -274,7 +274,7 @@ def test_process_pool_matches_in_process(tmp_path, swept):
     specs = [s for s in swept["specs"] if s.cell["method"] == "fedavg" and s.cell["setting"] == "iid"]
     assert len(specs) == 2
     tracker = Tracker(*store(tmp_path / "pool"))
-    summary = run_sweep(suite, specs, tracker, jobs=2, device="cpu", echo=quiet)
+    summary = run_sweep(suite, specs, tracker, jobs=2, device="cpu", echo=quiet, execution="sequential")
     assert (summary.finished, summary.failed) == (2, 0)
     pooled = {r.data.tags["config_hash"]: r for r in tracker.runs(suite.key)}
     for spec in specs:

@@ -213,7 +213,7 @@ def test_round_timing_counts_each_distinct_stage1_once(tmp_path, monkeypatch, ca
     suite = write(tmp_path, "timed", ALPHA_AXIS)  # 2 x 2 cells, 2 seeds, 2 distinct stage 1s
     timed = []
 
-    def fake_time_cell(config, rounds, device, data_dir, execution="auto"):
+    def fake_time_cell(config, rounds, device, data_dir, execution="auto", clock="wall"):
         timed.append(config)
         return 360.0, 0.0  # 6 minutes a round, free evaluations
 

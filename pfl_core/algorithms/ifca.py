@@ -32,6 +32,7 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pfl_core.algorithms import METHODS
@@ -40,7 +41,8 @@ from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
 from pfl_core.algorithms._lib.round_lr import round_lr_carry
 from pfl_core.fields import PositiveInt
-from pfl_core.training import Params, average_params, batch_loss, model_params
+from pfl_core.models.per_sample import per_sample
+from pfl_core.training import Params, average_params, batch_loss, forward, model_params
 
 
 @dataclass
@@ -114,12 +116,30 @@ def reinitialised_params(model: nn.Module, seed: int) -> Params:
 
 def cluster_losses(model: nn.Module, clusters: list[Params], client: ClientContext) -> torch.Tensor:
     """Summed per-batch mean CE of every cluster over one pass of the client's train split
-    (code ``compute_best_model``); a k-vector kept on the device."""
-    batches = list(client.epoch())
+    (code ``compute_best_model``); a k-vector kept on the device. A model whose samples do not
+    interact (:func:`~pfl_core.models.per_sample.per_sample`) takes the pass as one forward per
+    cluster (:func:`one_pass_losses`: the same sums up to float rounding); others batch by batch."""
+    index = client.epoch_index()
     with torch.no_grad():
+        if index and per_sample(model):
+            x, y = client.dataset.batch(torch.cat(index))
+            sizes = [int(i.numel()) for i in index]
+            return torch.stack([one_pass_losses(model, params, x, y, sizes) for params in clusters])
+        batches = [client.dataset.batch(i) for i in index]
         return torch.stack([
             torch.stack([batch_loss(model, params, x, y) for x, y in batches]).sum() for params in clusters
         ])
+
+
+def one_pass_losses(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, sizes: list[int]
+                    ) -> torch.Tensor:
+    """Sum over consecutive batches of ``sizes`` rows of (x, y) of each batch's mean CE, from one
+    forward of all rows (a harness speed-up of the per-batch loop: one call instead of one per batch)."""
+    losses = F.cross_entropy(forward(model, params, x), y, reduction="none")
+    counts = torch.tensor(sizes, device=losses.device)
+    batch_of = torch.repeat_interleave(torch.arange(len(sizes), device=losses.device), counts)
+    sums = torch.zeros(len(sizes), dtype=losses.dtype, device=losses.device).index_add_(0, batch_of, losses)
+    return (sums / counts).sum()
 
 
 @METHODS.register("ifca")

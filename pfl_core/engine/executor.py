@@ -67,6 +67,8 @@ class Executor:
             raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         self.execution = execution
         self.pad_tolerance = pad_tolerance
+        self.choice: str | None = None
+        """Why ``--execution auto`` chose this path (:mod:`pfl_core.engine.choice`); None: asked for."""
 
     def uses_batched(self, algorithm: ClientProgram) -> bool:
         return self.execution == "batched" and algorithm.batched_fallback is None
