@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
 
     preflight(suite, specs, args.data_dir, data=not args.no_data_check)  # every cell, before any run
     if args.dry_run:
-        return dry_run(args, specs, _tracker(args))
+        return dry_run(args, suite, specs, _tracker(args))
     executor = _executor(args)
     executor.start()  # the workers import the run code while the store opens
     try:
@@ -76,12 +76,15 @@ def cmd_run(args) -> int:
         executor.close()
 
 
-def dry_run(args, specs, tracker) -> int:
+def dry_run(args, suite, specs, tracker) -> int:
     """``--dry-run``: each run's hash and whether the store holds it FINISHED, or (without
-    ``--no-reuse``) which other suite's run a sweep would copy for it; nothing runs."""
+    ``--no-reuse``) which other suite's run a sweep would copy for it; nothing runs (a suite file
+    the experiment does not admit is refused as the sweep would refuse it)."""
+    from benchmarks.experiment_owner import check_owner
     from benchmarks.reuse import find_sources, other_experiments
     from benchmarks.runner import pending_runs
 
+    check_owner(tracker, suite, share=args.share_experiment, write=False)
     todo, done = pending_runs(specs, tracker)
     sources = {} if args.no_reuse else find_sources(tracker, todo, specs[0].suite)
     names = other_experiments(tracker, specs[0].suite) if sources else {}
@@ -109,7 +112,8 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
                             lockstep_seeds=args.lockstep_seeds, lease_s=args.lease or LEASE_S,
                             checkpoint_every=args.checkpoint_every, checkpoint_dir=args.checkpoint_dir,
                             deterministic=args.deterministic, command=getattr(args, "command_line", None),
-                            reuse=not args.no_reuse, allow_tf32=args.allow_tf32)
+                            reuse=not args.no_reuse, allow_tf32=args.allow_tf32,
+                            share_experiment=args.share_experiment)
     except SweepInterrupted as stop:
         print(f"{suite.key} [{args.profile}]: {stop}", file=sys.stderr)
         return stop.exit_code
@@ -311,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-reuse", action="store_true",
                      help="compute runs that another suite of the store already finished (same config hash) "
                           "instead of copying them here with their provenance (tags reused_from.*)")
+    run.add_argument("--share-experiment", action="store_true",
+                     help="write into the suite's experiment even when another suite file (same paper/name) "
+                          "owns it; admits this file from then on")
     run.add_argument("--allow-tf32", action="store_true",
                      help="let CUDA matmuls and cuDNN convolutions use TF32 (default off: GPU numbers then agree "
                           "with the CPU to float32 rounding; tagged allow_tf32); never part of the config hash")

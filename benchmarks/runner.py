@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.claims import LEASE_S, ClaimBook
+from benchmarks.experiment_owner import check_owner
 from benchmarks.lifecycle import Interrupted, signals_interrupt
 from benchmarks.reuse import reuse_finished
 from benchmarks.tracking import Tracker, command_line, git_state
@@ -101,7 +102,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
               lockstep_seeds: bool = False, lease_s: float = LEASE_S,
               checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
               deterministic: bool = False, command: str | None = None, reuse: bool = True,
-              allow_tf32: bool = False) -> SweepSummary:
+              allow_tf32: bool = False, share_experiment: bool = False) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
     of this call's parent run (``command``, default this process's command line, is the source of
     both; :meth:`benchmarks.tracking.Tracker.start_sweep`).
@@ -123,7 +124,10 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
 
     Runs with a stage-1 ``model.pretrained`` start once every distinct stage 1 they need is
     resolved: reused from the ``pretraining`` experiment by its config hash, or trained once by the
-    same executor and logged there (:mod:`benchmarks.stages`)."""
+    same executor and logged there (:mod:`benchmarks.stages`).
+
+    The suite's experiment must admit the suite's file, or ``share_experiment`` admits it
+    (:mod:`benchmarks.experiment_owner`): a refusal is raised before any run."""
     started = time.perf_counter()
     executor = executor or LocalExecutor(jobs)
     if checkpoint_every < 0:
@@ -133,6 +137,7 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
     distinct = unique(specs)
     if len(distinct) < len(specs):
         echo(f"{suite.key}: {len(specs) - len(distinct)} duplicate run(s) (same config hash as another) run once")
+    check_owner(tracker, suite, share=share_experiment)  # one suite file per experiment, before any run
     claims = ClaimBook(tracker, suite.key, lease_s)
     reaped = claims.reap_stale()
     if reaped:
