@@ -8,8 +8,10 @@ needs only reads and writes of runs (Lamport's bakery, over MLflow runs):
 2. read the other live claims of that hash and take ``claim.ticket`` = 1 + their largest ticket,
    then ``claim.state = chosen``;
 3. wait while a live claim is still choosing, then re-read: the live claim with the smallest
-   ``(ticket, run id)`` wins; every other claimant deletes its own run and leaves that
-   configuration to the winner. A FINISHED run of the hash makes every claimant lose.
+   ``(ticket, run id)`` wins; every other claimant marks its own run KILLED (``claim.state =
+   lost``, tag ``failure_reason``), deletes it and leaves that configuration to the winner. A
+   FINISHED run of the hash makes every claimant lose. No lost claim stays RUNNING, even in
+   MLflow's views of deleted runs.
 
 Two claims that overlap in time always see each other at step 3 and agree on the winner, so a
 configuration is computed once whatever the number of runners (on one machine, several machines on
@@ -29,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from mlflow.entities import RunTag
+from mlflow.entities import RunTag, ViewType
 
 from benchmarks import mlflow_ui as ui
 from benchmarks.tracking import Tracker
@@ -38,6 +40,8 @@ LEASE_S = 60.0
 """Default lease of a claim (seconds): how long a claim outlives its owner on another machine."""
 OWNER, LEASE, STATE, TICKET = "claim.owner", "claim.lease_until", "claim.state", "claim.ticket"
 CHOOSING_WAIT_S = 0.05
+LOST = "lost"
+"""``claim.state`` of a claim that lost the race: KILLED and deleted."""
 
 
 def _process_start(pid: int) -> str | None:
@@ -122,6 +126,7 @@ class ClaimBook:
         """Mark KILLED every RUNNING run of the suite whose owner is gone (see :meth:`Claim.stale`);
         return their config hashes. The next claim of those hashes recomputes them."""
         now, reaped = time.time(), []
+        self._kill_deleted_claims(now)
         for run in self.tracker.runs(self.suite_key, status="RUNNING"):
             claim = Claim.of(run)
             if run.data.tags.get("config_hash") and claim.stale(now):
@@ -134,6 +139,21 @@ class ClaimBook:
                                     f"sweep left RUNNING by {owner}, a process that died; marked KILLED by {self.owner}")
                 self.client.set_terminated(run.info.run_id, status="KILLED")
         return reaped
+
+    def _kill_deleted_claims(self, now: float) -> None:
+        """Mark KILLED the deleted claims still RUNNING whose owner is gone (lost claims of
+        versions that deleted them without marking them)."""
+        exp = self.tracker.experiment_id(self.suite_key, create=False)
+        if exp is None:
+            return
+        for run in self.client.search_runs([exp], "attributes.status = 'RUNNING'", ViewType.DELETED_ONLY,
+                                           max_results=5000):
+            claim = Claim.of(run)
+            if claim.stale(now):  # MLflow writes only active runs: restored, marked, deleted again
+                self.client.restore_run(claim.run_id)
+                self.client.set_tag(claim.run_id, STATE, LOST)
+                self._kill(claim, "lost claim")
+                self.client.delete_run(claim.run_id)
 
     def own_sweep(self, run_id: str) -> None:
         """Tag a sweep's parent run with this runner as its owner, so that the next start on this
@@ -192,8 +212,12 @@ class ClaimBook:
         return live
 
     def _lose(self, mine: str) -> None:
+        """Give the hash up: our claim run is marked KILLED (``claim.state = lost``), then deleted."""
         with self._lock:
             self.held.pop(mine, None)
+        self.client.log_batch(mine, tags=[RunTag(STATE, LOST), RunTag(
+            "failure_reason", f"lost claim: another runner computes this configuration; deleted by {self.owner}")])
+        self.client.set_terminated(mine, status="KILLED")
         self.client.delete_run(mine)
         return None
 

@@ -146,3 +146,40 @@ def test_a_run_claimed_by_another_live_runner_is_left_to_it(tmp_path, tracker):
         assert tracker.client.get_run(theirs).info.status == "RUNNING"  # untouched: its owner lives
     finally:
         other.close()
+
+
+def _running_anywhere(tracker) -> list:
+    """RUNNING runs of the suite's experiment, deleted ones included (MLflow's "all runs" views)."""
+    from mlflow.entities import ViewType
+
+    exp = tracker.experiment_id(KEY, create=False)
+    return tracker.client.search_runs([exp], "attributes.status = 'RUNNING'", ViewType.ALL)
+
+
+def test_a_lost_claim_is_marked_killed_and_deleted_so_no_running_run_remains(tracker):
+    first, second = ClaimBook(tracker, KEY), ClaimBook(tracker, KEY)
+    try:
+        won = first.claim("h1", {"cell": "c"})
+        assert second.claim("h1", {"cell": "c"}) is None
+        tracker.client.set_terminated(won, status="FINISHED")
+        first.done(won)
+        assert _running_anywhere(tracker) == []
+        from mlflow.entities import ViewType
+
+        (lost,) = tracker.client.search_runs([tracker.experiment_id(KEY)], "", ViewType.DELETED_ONLY)
+        assert lost.info.status == "KILLED" and lost.data.tags["claim.state"] == "lost"
+        assert lost.data.tags["failure_reason"].startswith("lost claim")
+    finally:
+        first.close()
+        second.close()
+
+
+def test_deleted_claims_left_running_by_older_versions_are_killed_at_the_next_start(tracker):
+    exp = tracker.experiment_id(KEY)
+    owner = f"{socket.gethostname()}:{dead_pid()}:1"
+    debris = tracker.client.create_run(exp, tags={"config_hash": "h1", OWNER: owner, LEASE: "0"}).info.run_id
+    tracker.client.delete_run(debris)  # what a lost claim was before: deleted, still RUNNING
+    ClaimBook(tracker, KEY).reap_stale()
+    assert _running_anywhere(tracker) == []
+    assert tracker.client.get_run(debris).data.tags["claim.state"] == "lost"
+    assert tracker.client.get_run(debris).info.lifecycle_stage == "deleted"
