@@ -227,13 +227,14 @@ class ClaimBook:
         with self._lock:
             self.held.pop(run_id, None)
 
-    def release_all(self, reason: str) -> int:
-        """Mark every held claim KILLED with ``reason`` (an interruption); return how many."""
+    def release_all(self, reason: str, status: str = "KILLED") -> int:
+        """Mark every held claim ``status`` (KILLED: an interruption; FAILED: an error such as a full
+        disk) with ``reason``; return how many."""
         with self._lock:
             held, self.held = dict(self.held), {}
         for run_id in held:
             self.client.set_tag(run_id, "failure_reason", reason)
-            self.client.set_terminated(run_id, status="KILLED")
+            self.client.set_terminated(run_id, status=status)
         return len(held)
 
     def close(self) -> None:

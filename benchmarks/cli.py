@@ -428,6 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     except (SuiteError, StoreError) as err:
         print(f"pflbench: error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
+    except Exception as err:  # noqa: BLE001 - a full disk is answered in one line, anything else re-raised
+        from benchmarks.store_faults import disk_full, disk_full_message
+
+        if not disk_full(err):
+            raise
+        print(f"pflbench: error: {mask_uri(disk_full_message(err))}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

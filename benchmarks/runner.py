@@ -225,8 +225,13 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         name = getattr(err, "signal_name", "SIGINT")
         killed = claims.release_all(f"interrupted by {name} before it finished; the next sweep recomputes it")
         raise SweepInterrupted(name, finished, failed, killed) from None
-    except BaseException as err:
+    except BaseException as err:  # an error, e.g. a full disk while a run is written (issue 29, item 3)
         interrupted = err
+        if results is not None:
+            results.close()
+        with contextlib.suppress(Exception):  # the store itself may be what fails: then the next start reaps them
+            claims.release_all(f"the sweep stopped on {type(err).__name__}: {err}; the next sweep recomputes it",
+                               status="FAILED")
         raise
     finally:
         if results is not None:
@@ -235,7 +240,11 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
         bar.close()
         shutil.rmtree(states_dir, ignore_errors=True)
         counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed, "reused": reused}
-        tracker.end_sweep(parent, counts, interrupted)
+        if interrupted is None or isinstance(interrupted, KeyboardInterrupt):
+            tracker.end_sweep(parent, counts, interrupted)
+        else:
+            with contextlib.suppress(Exception):  # never hide the error that stopped the sweep
+                tracker.end_sweep(parent, counts, interrupted)
     if elsewhere:
         echo(f"{suite.key}: {elsewhere} run(s) claimed or finished by another runner, left to it")
     return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, elsewhere=elsewhere,

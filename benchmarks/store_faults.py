@@ -5,6 +5,7 @@ overwritten), and a read-only database or folder (SQLite writes a journal beside
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import stat
@@ -50,3 +51,17 @@ def check_sqlite_store(db: Path) -> None:
     except sqlite3.DatabaseError as err:
         raise StoreError(f"{where}: damaged SQLite database ({err}); restore it from a backup, move it away "
                          f"to start a new store, or {_FIX}") from None
+
+
+def disk_full(err: BaseException) -> bool:
+    """A write that failed for lack of space: ``OSError`` ENOSPC (artifacts, checkpoints, reports)
+    or SQLite's "database or disk is full" (sqlite.org/rescode.html, SQLITE_FULL) as MLflow wraps it."""
+    return (isinstance(err, OSError) and err.errno == errno.ENOSPC) or "database or disk is full" in str(err)
+
+
+def disk_full_message(err: BaseException) -> str:
+    """The one-line answer to a full disk: what failed, what was marked, the fix."""
+    where = getattr(err, "filename", None) or "the store"
+    return (f"no space left on device writing {where}; the runs in progress were marked FAILED "
+            f"(or are marked at the next start); free space, or use another --tracking-uri or --out, "
+            f"then run the same command again")
