@@ -156,6 +156,18 @@ def _read_only_store(path: Path, data_dir: Path) -> None:
     db.chmod(0o444)
 
 
+def _owned_by_another_file(path: Path, data_dir: Path) -> None:
+    """The store's experiment probe/bad already belongs to another suite file (issue 29, item 6)."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from benchmarks.experiment_owner import SUITE_FILES_TAG
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / 'mlflow.db'}")
+    client.create_experiment("probe/bad", tags={SUITE_FILES_TAG: json.dumps(["suites/probe/other.yaml"])})
+
+
 def _on_mnist(d: dict) -> None:
     d["base"]["data"].update(dataset="mnist", num_clients=4, params={})
     d["base"]["federation"]["clients_per_round"] = 2
@@ -238,6 +250,8 @@ CASES = [
     Case("read-only SQLite store", "read-only", store="mlflow.db", files=_read_only_store),
     Case("store folder is a file", "is a file", store="blocker/mlflow.db",
          files=lambda path, data_dir: (path.parent / "blocker").write_text("a file\n")),
+    # issue 29, item 6: an experiment belongs to one suite file
+    Case("experiment of another suite file", "name", files=_owned_by_another_file),
     # issue 29, item 1: cells that load but cannot run
     Case("unseen protocol without unseen clients", "evaluation.protocol", _set("base.data.unseen_fraction", 0)),
     Case("zero local epochs", "local_epochs", _set("base.method.params.local_epochs", 0)),
