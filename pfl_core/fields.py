@@ -30,6 +30,54 @@ class Range:
         return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
 
 
+@dataclass(frozen=True)
+class Tune:
+    """A tuning range declared in a field's annotation beside its :class:`Range`, e.g.
+    ``Annotated[PositiveFloat, Tune(1e-4, 1.0, log=True)]``, read by the harness's search spaces
+    (``pflbench tune``, ``benchmarks/search_spaces.py``); the core only declares it. An ``int``
+    field is searched over integers, a ``float`` field over reals, ``choices`` over a fixed grid.
+    ``order``: the field's place among a trial's suggestions (ties: field order), which fixes what
+    a seeded sampler draws; the evaluation fine-tuning rate has order 10 (:data:`FINETUNE_ORDER`)."""
+
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    order: int = 0
+    choices: tuple = ()
+
+    def at(self, order: int) -> "Tune":
+        """The same range at another place among the suggestions."""
+        return Tune(self.low, self.high, self.log, order, self.choices)
+
+
+FINETUNE_ORDER = 10
+"""Order of the evaluation protocol's fine-tuning rate among a trial's suggestions: fields of
+order above it are suggested after it (harness choice, kept from the first search spaces)."""
+
+#: shared tuning ranges (harness choice: about two decades either side of the papers' values)
+SGD_LR = Tune(1e-4, 1.0, log=True)
+"""Plain SGD learning rates (FedAvg, Local, IFCA, the MetaVers baselines, pFedHN, pFedGP)."""
+ADAM_LR = Tune(1e-5, 1e-1, log=True)
+"""Adam learning rates (Ditto's global step, FedRep, MetaVers' server)."""
+PROX_LR = Tune(1e-4, 1e-1, log=True)
+"""Local-model steps of the proximal methods (pFedMe, CGPFL, APFL, L2SGD)."""
+
+
+def tuned_fields(cls) -> list[tuple[str, Any, Tune]]:
+    """(name, base type, :class:`Tune`) of every field of dataclass ``cls`` that declares a tuning
+    range, in suggestion order (``order``, then field order)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out = []
+    for index, f in enumerate(fields(cls)):
+        hint = hints.get(f.name)
+        if type(None) in typing.get_args(hint):  # ``Annotated[X, Tune(...)] | None``
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if typing.get_origin(hint) is Annotated:
+            base, *extras = typing.get_args(hint)
+            out += [(index, f.name, base, e) for e in extras if isinstance(e, Tune)]
+    return [(name, base, tune) for _, name, base, tune in sorted(out, key=lambda r: (r[3].order, r[0]))]
+
+
 #: the constrained scalar types of config and hyperparameter fields
 PositiveInt = Annotated[int, Range(ge=1)]
 NonNegativeInt = Annotated[int, Range(ge=0)]

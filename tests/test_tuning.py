@@ -13,7 +13,7 @@ import benchmarks.tuning as tuning
 import benchmarks.tuning_study as tuning_study
 from benchmarks.cli import main
 from benchmarks.runner import run_sweep
-from benchmarks.search_spaces import NOTHING_TO_TUNE, SPACES, NoSearchSpaceError, get_space, suggest
+from benchmarks.search_spaces import NOTHING_TO_TUNE, NoSearchSpaceError, describe, get_space, suggest
 from benchmarks.suite import _apply, load_suite
 from benchmarks.suite_schema import SuiteError, validate_config
 from benchmarks.tracking import Tracker
@@ -109,9 +109,24 @@ def test_spaces_follow_the_config_and_unknown_methods_fail_clearly():
     trial = study.ask()
     suggest(trial, ifca)
     assert trial.distributions["method.params.num_clusters"].high == 4  # 8 seen clients / 2
-    assert get_space("ditto") is SPACES["ditto"]
+    assert get_space("ditto").__name__ == "ditto_space"
+    assert describe("ifca", ifca)["method.params.num_clusters"] == "int 2..4"
     with pytest.raises(NoSearchSpaceError, match="no search space for method 'nope'"):
         get_space("nope")
+
+
+def test_a_method_without_tune_ranges_fails_clearly(monkeypatch):
+    import benchmarks.search_spaces as spaces
+    from pfl_core.algorithms.base import Algorithm
+    from pfl_core.fields import HyperParams
+
+    class Bare(Algorithm):
+        hyper_class = HyperParams
+
+    fake = type("Fake", (), {"names": staticmethod(lambda: ["bare"]), "get": staticmethod(lambda name: Bare)})
+    monkeypatch.setattr(spaces, "METHODS", fake)
+    with pytest.raises(NoSearchSpaceError, match="'bare': HyperParams declares no Tune range"):
+        get_space("bare")
 
 
 # -- the objective's configuration ----------------------------------------------------------------

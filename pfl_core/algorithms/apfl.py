@@ -31,13 +31,14 @@ keep the adaptive default and offer the fixed-alpha reading as the ``ditto_code_
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, PROX_LR, Tune
 from pfl_core.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
@@ -45,11 +46,11 @@ from pfl_core.training import Params, gradients
 
 @dataclass
 class APFLHyper(HyperParams):
-    lr: PositiveFloat = 0.005
+    lr: Annotated[PositiveFloat, PROX_LR] = 0.005
     """Local step size for w and v (CGPFL Table 1 lr for MNIST/FMNIST; a harness choice)."""
-    local_steps: PositiveInt = 10
+    local_steps: Annotated[PositiveInt, Tune(1, 20, order=2)] = 10
     """tau, local steps between synchronizations (a harness choice: tau = R = 10)."""
-    alpha_init: Probability = 0.5
+    alpha_init: Annotated[Probability, Tune(0.05, 0.95, order=1)] = 0.5
     """Initial mixing weight alpha_i (a harness choice 0.5; not given by the CGPFL paper)."""
     adaptive_alpha: bool = True
     """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""

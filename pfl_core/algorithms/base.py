@@ -38,6 +38,11 @@ class Algorithm(ABC):
     hyper_class: ClassVar[type[HyperParams]] = HyperParams
     #: whether the evaluation protocol fine-tunes this method's predictor (the "-FT" variants)
     finetune_at_eval: ClassVar[bool] = False
+    #: tuning ranges the method puts on the evaluation protocol's fields (field -> ``Tune``),
+    #: searched whether or not it fine-tunes at evaluation (FedL2P's FT baselines: the lr grid)
+    tune_evaluation: ClassVar[dict] = {}
+    #: why the method has no tuning range, if it has none (``pflbench tune`` says so)
+    nothing_to_tune: ClassVar[str] = ""
     #: an integer derived from the run seed (stream ``algorithm``), for a method's own randomness
     #: (k-means restarts, coin flips); set by the experiment before training
     seed: int = 0

@@ -25,6 +25,7 @@ evaluation the context is the first batch of the client's personalization split 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, Tune
 from pfl_core.fields import NonNegativeInt, PositiveFloat, PositiveInt
 from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, value_and_grad
@@ -40,11 +41,11 @@ from pfl_core.training import Params, value_and_grad
 
 @dataclass
 class CAFeMeHyper(HyperParams):
-    inner_lr: PositiveFloat = 0.05
+    inner_lr: Annotated[PositiveFloat, Tune(1e-3, 0.5, log=True)] = 0.05
     """alpha, SGD step of the inner loop (code ``lr_inner``: 0.05; FEMNIST 0.01)."""
-    outer_lr: PositiveFloat = 0.001
+    outer_lr: Annotated[PositiveFloat, Tune(1e-5, 1e-2, log=True, order=1)] = 0.001
     """beta, the client-side Adam learning rate (code ``lr_outer``)."""
-    adapt_steps: NonNegativeInt = 5
+    adapt_steps: Annotated[NonNegativeInt, Tune(1, 10, order=2)] = 5
     """S, inner steps per round (code ``adapt_steps``: 5; FEMNIST 8)."""
     query_batches: PositiveInt = 6
     """Train batches concatenated into the query set (code ``size_ratio``)."""

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.pfedme import ProxHyper, ProxProgram, mix, personal_predictor
-from pfl_core.fields import PositiveInt
+from pfl_core.fields import PositiveInt, Tune
 from pfl_core.training import Params, average_params, clone_params
 
 OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
@@ -67,7 +68,7 @@ class CGPFLHyper(ProxHyper):
     choices. The shared proximal fields (lr, personal_lr, lam, inner_steps = S,
     local_rounds = R, hidden_l2, predictor, theta_start) are documented on :class:`ProxHyper`."""
 
-    num_clusters: PositiveInt = 4
+    num_clusters: Annotated[PositiveInt, Tune(2, 8, order=3)] = 4
     """K, the number of context models (CGPFL Table 1: CGPFL (K = 4))."""
     alpha: float = 1.0
     """alpha, the server step of Algorithm 1 line 14 (Table 1 caption: 1; alpha = 1 -> centroids)."""

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 
 from pfl_core.algorithms import METHODS
 from pfl_core.engine.contract import ServerState
 from pfl_core.algorithms.cgpfl import CGPFL, CGPFLHyper, KMeansFit, kmeans_labels, weighted_cost
+from pfl_core.fields import PositiveInt, Tune
 
 PENALTIES = ("kd", "sqrt_kd")
 MU_SCALES = ("absolute", "relative")
@@ -35,7 +37,9 @@ MU_SCALES = ("absolute", "relative")
 class CGPFLHeurHyper(CGPFLHyper):
     """CGPFL-Heur: CGPFL whose K is chosen at the first round by minimising expression (11)."""
 
-    mu: float | None = None
+    num_clusters: PositiveInt = 4
+    """Unused: K is chosen by expression (11); redeclared without CGPFL's tuning range."""
+    mu: Annotated[float, Tune(0.1, 100.0, log=True, order=3)] | None = None
     """mu of expression (11), required ("an appropriate mu", paper Section 5.3; not published)."""
     mu_scale: str = "relative"
     """``absolute``: (11) uses mu as given. ``relative`` (harness default): mu_abs =

@@ -22,14 +22,14 @@ fine-tunes the **global** model (personal models are unused; test clients never 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import ADAM_LR, HyperParams, SGD_LR, Tune
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
 from pfl_core.training import Params, gradients, sgd_step
@@ -37,16 +37,16 @@ from pfl_core.training import Params, gradients, sgd_step
 
 @dataclass
 class DittoHyper(HyperParams):
-    lr: PositiveFloat = 0.001
+    lr: Annotated[PositiveFloat, SGD_LR] = 0.001
     """Personal proximal-SGD learning rate (CAFeMe code: ``lr_outer`` = 0.001)."""
-    global_lr: PositiveFloat = 0.001
+    global_lr: Annotated[PositiveFloat, ADAM_LR.at(1)] = 0.001
     """Learning rate of the global step (CAFeMe code: Adam, ``lr_outer`` = 0.001)."""
     global_optimizer: Literal["adam", "sgd"] = "adam"
     """Optimiser of the global step: ``adam`` (CAFeMe code) or ``sgd`` (plain FedAvg-style local SGD,
     the Ditto paper's global objective; CGPFL's Table 1 baseline)."""
-    mu: NonNegativeFloat = 0.1
+    mu: Annotated[NonNegativeFloat, Tune(1e-3, 10.0, log=True, order=2)] = 0.1
     """Proximal weight mu (CAFeMe code ``mu`` = 0.1, every dataset)."""
-    personal_steps: NonNegativeInt = 5
+    personal_steps: Annotated[NonNegativeInt, Tune(1, 10, order=3)] = 5
     """S, personal-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     global_steps: NonNegativeInt = 5
     """S, global-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""

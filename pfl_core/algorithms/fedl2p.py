@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Literal
+from typing import Annotated, ClassVar, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,7 @@ from torch.func import functional_call
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, Tune
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
@@ -64,6 +64,11 @@ from pfl_core.models.kld_bn import (bn_mode, bn_names, forward_bn, load_pretrain
 from pfl_core.models.metanets import MetaNets
 from pfl_core.models.resnet import learnable_modules
 from pfl_core.training import Params
+
+
+META_LR = Tune(1e-5, 1e-1, log=True)
+"""Tuning range of FedL2P's meta-net SGD learning rates (harness choice around the paper's BNNet
+and LRNet 1e-3; eta-tilde's range, around 1e-4, is a decade lower)."""
 
 
 @dataclass
@@ -88,11 +93,11 @@ class FedL2PHyper(HyperParams):
     """e: inner steps = e x ceil(|train| / B) (the suites' per-dataset values: 15; Speech Commands 5)."""
     outer_epochs: PositiveInt = 3
     """K = outer_epochs x ceil(|val| / B) outer steps: three epochs of the val set (docs/papers/fedl2p.md)."""
-    lr_bnnet: PositiveFloat = 1e-3
+    lr_bnnet: Annotated[PositiveFloat, META_LR] = 1e-3
     """Plain SGD lr of BNNet (code ``bn_net_lr``)."""
-    lr_lrnet: PositiveFloat = 1e-3
+    lr_lrnet: Annotated[PositiveFloat, META_LR.at(1)] = 1e-3
     """Plain SGD lr of LRNet (code ``lr_net_lr``)."""
-    lr_eta: PositiveFloat = 1e-4
+    lr_eta: Annotated[PositiveFloat, Tune(META_LR.low / 10, META_LR.high / 10, log=True, order=2)] = 1e-4
     """Plain SGD lr of eta-tilde (hard-coded 1e-4 in the code's client)."""
     eta_init: float = 1e-3
     """eta-tilde's initial value: 1e-3 CIFAR-10/10-C, 1e-2 Office, DomainNet, Speech Commands."""

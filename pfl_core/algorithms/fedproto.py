@@ -27,7 +27,7 @@ no sampled client holds has no prototype that round; True keeps its previous pro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,7 @@ from torch.func import functional_call
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import FINETUNE_ORDER, HyperParams, SGD_LR, Tune
 from pfl_core.algorithms.local_sgd import MomentumSGDHyper, local_sgd_plan, momentum_sgd
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
 from pfl_core.prototypes import prototype_logits
@@ -49,17 +49,17 @@ PROTOS, ALLOWED = "fedproto_protos", "fedproto_allowed"
 
 @dataclass
 class FedProtoHyper(MomentumSGDHyper, HyperParams):
-    lr: PositiveFloat = 0.01
+    lr: Annotated[PositiveFloat, SGD_LR] = 0.01
     """Local SGD learning rate (FedProto code ``--lr`` 0.01)."""
-    local_epochs: NonNegativeInt = 1
+    local_epochs: Annotated[NonNegativeInt, Tune(1, 5, order=1)] = 1
     """Local epochs per round (FedProto code ``--train_ep`` 1)."""
-    local_steps: NonNegativeInt = 0
+    local_steps: Annotated[NonNegativeInt, Tune(1, 50, log=True, order=1)] = 0
     """If > 0, this many batches instead of ``local_epochs`` passes."""
     momentum: NonNegativeFloat = 0.5
     """SGD momentum, a fresh optimiser every round (FedProto code: 0.5)."""
     weight_decay: NonNegativeFloat = 0.0
     """SGD weight decay (FedProto code: none)."""
-    ld: NonNegativeFloat = 1.0
+    ld: Annotated[NonNegativeFloat, Tune(1e-2, 10.0, log=True, order=FINETUNE_ORDER + 1)] = 1.0
     """lambda, the weight of the prototype regulariser (FedProto code ``--ld`` 1)."""
     classifier: str = "fc3"
     """The module that maps the embedding to the logits (``fc3`` of ``lenet``)."""

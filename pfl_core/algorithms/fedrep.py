@@ -17,13 +17,14 @@ is uploaded and averaged. At evaluation all parameters are fine-tuned by the pro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import torch
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import ADAM_LR, HyperParams, Tune
 from pfl_core.fields import NonNegativeInt, PositiveFloat
 from pfl_core.algorithms._lib.optim import client_optimizer_state, optimizer_step
 from pfl_core.algorithms._lib.parts import split_names
@@ -32,11 +33,11 @@ from pfl_core.training import Params, partial_gradients
 
 @dataclass
 class FedRepHyper(HyperParams):
-    lr: PositiveFloat = 0.001
+    lr: Annotated[PositiveFloat, ADAM_LR] = 0.001
     """Adam learning rate of both head and body steps (CAFeMe code: ``lr_outer`` = 0.001)."""
-    head_steps: NonNegativeInt = 5
+    head_steps: Annotated[NonNegativeInt, Tune(1, 10, order=1)] = 5
     """S, head-only Adam steps per round, one batch each (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    body_steps: NonNegativeInt = 1
+    body_steps: Annotated[NonNegativeInt, Tune(1, 5, order=2)] = 1
     """Body-only Adam steps per round, one batch each (CAFeMe code: 1)."""
     head_prefixes: list[str] = field(default_factory=lambda: ["fc."])
     """A parameter whose name starts with one of these is in the head. ``fc.`` is the whole dense

@@ -22,7 +22,7 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, Tune
 from pfl_core.algorithms._lib.finetune import FinetuneRecipe, MetaInputs, PretrainedState
 from pfl_core.models.kld_bn import bn_names
 
@@ -53,6 +53,11 @@ class PretrainedOnly(Algorithm):
         raise NotImplementedError
 
 
+FT_LR_GRID = Tune(choices=(1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5))
+"""The FedL2P paper's fine-tuning lr grid {1, 0.1, ..., 1e-5} (docs/papers/fedl2p.md), searched by
+``pflbench tune`` for the FT baselines on ``evaluation.params.lr``."""
+
+
 @dataclass
 class FTBNCHyper(HyperParams):
     running_init: Literal["pretrained", "reset"] = "pretrained"
@@ -66,6 +71,7 @@ class FTBNC(PretrainedOnly):
     """FT (BN C): client statistics (beta 1), eval-mode test."""
 
     hyper_class = FTBNCHyper
+    tune_evaluation = {"lr": FT_LR_GRID}
 
     def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(1.0), None, running_init=self.hp.running_init)
@@ -76,6 +82,7 @@ class FTBNG(PretrainedOnly):
     """FT (BN G): pretrained statistics (beta 0) in fine-tuning and test."""
 
     hyper_class = HyperParams
+    tune_evaluation = {"lr": FT_LR_GRID}
 
     def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(0.0), None, running_init="pretrained")
@@ -86,6 +93,7 @@ class FTBNI(PretrainedOnly):
     """FT (BN I): each batch's own statistics (beta 1) in fine-tuning and in the test."""
 
     hyper_class = HyperParams
+    tune_evaluation = {"lr": FT_LR_GRID}
 
     def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(1.0), None, running_init="pretrained", test_mode="train")

@@ -13,6 +13,7 @@ from pfl_core.algorithms._lib.finetune import FinetuneRecipe
 @METHODS.register("global_model")
 class GlobalModel(PretrainedOnly):
     hyper_class = HyperParams
+    nothing_to_tune = "Global Accuracy evaluates the pretrained model as it is (no lr, no training)"
 
     def finetune_recipe(self, server, pretrained, inputs, client=None) -> FinetuneRecipe:
         return FinetuneRecipe(self.betas(0.0), 0.0, running_init="pretrained", finetune=False)

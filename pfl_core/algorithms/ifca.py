@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +41,7 @@ from pfl_core.algorithms.base import Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
 from pfl_core.algorithms._lib.round_lr import round_lr_carry
-from pfl_core.fields import PositiveInt
+from pfl_core.fields import FINETUNE_ORDER, PositiveInt, Tune
 from pfl_core.models.per_sample import per_sample
 from pfl_core.training import Params, average_params, batch_loss, forward, model_params
 
@@ -53,7 +54,7 @@ class IFCAHyper(FedAvgHyper):
     weighting: Weighting = "uniform"
     """Per-cluster aggregation: ``uniform`` = plain mean over the clients that chose the cluster
     (CAFeMe code ``aggregate_model_params``); ``samples`` = weighted by train samples."""
-    num_clusters: PositiveInt = 4
+    num_clusters: Annotated[PositiveInt, Tune(2, 8, order=FINETUNE_ORDER + 1)] = 4
     """k, number of cluster models (CAFeMe code ``n_models_ifca``: RMNIST 4, CIFAR-10 3,
     FEMNIST 2, Meta-Dataset 8)."""
     init_seed_offset: int = 0

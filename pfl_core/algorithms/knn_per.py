@@ -17,6 +17,7 @@ on held-out data from a grid; here it is one fixed value for all clients.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from pfl_core.algorithms import METHODS
 from pfl_core.engine.contract import ClientContext, ServerState
 from pfl_core.algorithms.split_fedavg import SplitFedAvg, SplitFedAvgHyper
-from pfl_core.fields import PositiveFloat, PositiveInt, Probability
+from pfl_core.fields import FINETUNE_ORDER, PositiveFloat, PositiveInt, Probability, Tune
 from pfl_core.prototypes import squared_distances
 from pfl_core.training import Params, embed, forward
 
@@ -34,10 +35,10 @@ FEATURES, LABELS = "knn_features", "knn_labels"
 
 @dataclass
 class KNNPerHyper(SplitFedAvgHyper):
-    k: PositiveInt = 7
+    k: Annotated[PositiveInt, Tune(1, 20, log=True, order=FINETUNE_ORDER + 2)] = 7
     """Neighbours (kNN-Per code, ``paper_experiments/*/heterogeneity_effect.sh``: 7); at most the
     client's train size."""
-    weight: Probability = 0.5
+    weight: Annotated[Probability, Tune(0.0, 1.0, order=FINETUNE_ORDER + 1)] = 0.5
     """lambda, the kNN share of the mixture. The paper tunes it per client on validation data
     (grid 0..1); here a fixed value (0.5, the middle of that grid)."""
     scale: PositiveFloat = 1.0

@@ -43,7 +43,7 @@ which one CGPFL ran is unknown.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, PROX_LR, Tune
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, batch_loss, sgd_step
@@ -65,11 +65,11 @@ class L2SGDHyper(HyperParams):
     f_i + lam/2 ||x_i - x_bar||^2, x_bar = the plain mean; see the module docstring)."""
     local_steps: PositiveInt = 10
     """``mean_regularized`` only: local steps per round (Ditto code ``local_iters``; CGPFL R = 10)."""
-    lr: PositiveFloat = 0.005
+    lr: Annotated[PositiveFloat, PROX_LR] = 0.005
     """The local step a/(n(1-p)) (a harness choice: CGPFL Table 1's lr, 0.005 MNIST/FMNIST)."""
-    lam: NonNegativeFloat = 12.0
+    lam: Annotated[NonNegativeFloat, Tune(0.1, 50.0, log=True, order=1)] = 12.0
     """lambda of the penalty (a harness choice: CGPFL's lambda = 12)."""
-    p: Probability = 0.1
+    p: Annotated[Probability, Tune(0.02, 0.5, log=True, order=2)] = 0.1
     """Aggregation probability (a harness choice p = 1/R, R = 10)."""
     coin_seed: int = 0
     """Base seed of the common coin flips (the algorithm does not see the run seed)."""

@@ -3,14 +3,14 @@ momentum SGD with weight decay (the pFedHN client optimiser) for the MetaVers ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
 from pfl_core.engine.contract import ClientContext
-from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat
+from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, SGD_LR, Tune
 from pfl_core.engine import masked_mean, masked_update
 from pfl_core.engine.plans import Plan
 from pfl_core.algorithms._lib.optim import sgd_momentum_step
@@ -22,11 +22,11 @@ from pfl_core.training import Params, bn_gradients, sgd_step
 class LocalSGDHyper:
     """Local training shared by FedAvg-style methods."""
 
-    lr: PositiveFloat = 0.001
+    lr: Annotated[PositiveFloat, SGD_LR] = 0.001
     """Local SGD learning rate (CAFeMe code baselines: ``lr_outer`` = 0.001)."""
-    local_epochs: NonNegativeInt = 5
+    local_epochs: Annotated[NonNegativeInt, Tune(1, 5, order=1)] = 5
     """Full passes over the client's train split per round (CAFeMe code: S = 5 epochs)."""
-    local_steps: NonNegativeInt = 0
+    local_steps: Annotated[NonNegativeInt, Tune(1, 50, log=True, order=1)] = 0
     """If > 0, take this many batches from the cyclic stream instead of ``local_epochs`` passes."""
 
 
@@ -70,11 +70,11 @@ class MomentumSGDHyper(LocalSGDHyper):
     weight_decay=--inner-wd 5e-5)``, ``--inner-steps 50`` batches of ``--batch-size 64``), which the
     MetaVers baselines without values of their own take (issue 13: pFedHN / pFedGP values)."""
 
-    lr: PositiveFloat = 0.005
+    lr: Annotated[PositiveFloat, SGD_LR] = 0.005
     """Local SGD learning rate (pFedHN code ``--inner-lr`` 5e-3)."""
-    local_epochs: NonNegativeInt = 0
+    local_epochs: Annotated[NonNegativeInt, Tune(1, 5, order=1)] = 0
     """Full passes per round instead of ``local_steps`` (0: use ``local_steps``)."""
-    local_steps: NonNegativeInt = 50
+    local_steps: Annotated[NonNegativeInt, Tune(1, 50, log=True, order=1)] = 50
     """Batches per round from the cyclic stream (pFedHN code ``--inner-steps`` 50)."""
     momentum: NonNegativeFloat = 0.9
     """SGD momentum, buffer reset every round (pFedHN code: 0.9)."""

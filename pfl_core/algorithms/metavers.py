@@ -41,7 +41,7 @@ is that classifier for the generic protocols (see its docstring).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import ADAM_LR, HyperParams, Tune
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.algorithms._lib.bn_passes import pass_statistics, replay_passes
 from pfl_core.algorithms._lib.episodes import Episode, class_pools, draw_episode
@@ -74,7 +74,7 @@ class MetaVersHyper(HyperParams):
     fallback_batch: PositiveInt = 450
     """Size of that batch (the code's train loaders: 450)."""
     # -- losses (docs/papers/metavers.md) ----------------------------------------------------------------
-    gamma: Probability = 0.5
+    gamma: Annotated[Probability, Tune(0.0, 1.0, order=1)] = 0.5
     """L = gamma L_S + (1 - gamma) L_T after the warm-up (code default 0.5; README 0.2-0.6; the
     novel-class trainer hard-codes 0.5)."""
     warmup: int = 50
@@ -95,7 +95,7 @@ class MetaVersHyper(HyperParams):
     """The global margin averages the last this many local margins (the code: 50 rounds x the
     clients per round; 250 for the benchmark, 500 for the novel-class trainer)."""
     # -- server ----------------------------------------------------------------------------------
-    lr: PositiveFloat = 0.001
+    lr: Annotated[PositiveFloat, ADAM_LR] = 0.001
     """Server Adam learning rate (code 1e-3)."""
     weight_decay: NonNegativeFloat = 0.0
     """Coupled L2 of the server Adam (``torch.optim.Adam(weight_decay=...)``, not AdamW): 1e-3 for

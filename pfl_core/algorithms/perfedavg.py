@@ -36,6 +36,7 @@ norm (observed on ``cafeme_cnn_a``); ``hvp`` is therefore a switch that matters,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import nn
@@ -44,7 +45,7 @@ from torch.utils._pytree import tree_map
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, Tune
 from pfl_core.fields import PositiveFloat, PositiveInt
 from pfl_core.models.kld_bn import Buffers
 from pfl_core.training import Params, batch_loss, in_transform, state_gradients, state_loss
@@ -52,11 +53,11 @@ from pfl_core.training import Params, batch_loss, in_transform, state_gradients,
 
 @dataclass
 class PerFedAvgHyper(HyperParams):
-    alpha: PositiveFloat = 0.05
+    alpha: Annotated[PositiveFloat, Tune(1e-4, 0.5, log=True)] = 0.05
     """Inner (personalization) SGD step of theta~ (CAFeMe code ``lr_inner``: 0.05; FEMNIST 0.01)."""
-    beta: PositiveFloat = 0.001
+    beta: Annotated[PositiveFloat, Tune(1e-5, 0.1, log=True, order=1)] = 0.001
     """Outer plain-SGD step on theta (CAFeMe code ``lr_outer`` = 0.001)."""
-    local_steps: PositiveInt = 5
+    local_steps: Annotated[PositiveInt, Tune(1, 10, order=2)] = 5
     """S, meta-iterations per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     variant: str = "hf"
     """``hf``: Hessian-free update with the Hessian-vector product (CAFeMe code, published

@@ -28,7 +28,7 @@ posterior mean; its numbers are not the paper's pFedGP. Runs record the head (``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 
@@ -37,7 +37,7 @@ from pfl_core.algorithms._lib.gp_tree import GibbsSettings, TreeGP, build_tree
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, SGD_LR, Tune
 from pfl_core.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
 from pfl_core.training import Params, forward, value_and_grad
@@ -62,7 +62,7 @@ class PFedGPHyper(HyperParams):
     inner_steps: PositiveInt = 1
     """Backbone SGD steps per client per round, each on the whole train split (code
     ``--inner-steps`` default 1; its CIFAR-10 script passes 3)."""
-    lr: PositiveFloat = 5e-2
+    lr: Annotated[PositiveFloat, SGD_LR] = 5e-2
     """Client SGD learning rate (code ``--lr`` 5e-2)."""
     momentum: NonNegativeFloat = 0.9
     """Client SGD momentum (code: 0.9, a fresh optimiser per client and round)."""
@@ -70,7 +70,7 @@ class PFedGPHyper(HyperParams):
     """Client SGD weight decay (code ``--wd`` 1e-3)."""
     grad_clip: NonNegativeFloat = 50.0
     """Gradient norm clipping of each step (code: 50); 0: none."""
-    outputscale: PositiveFloat = 8.0
+    outputscale: Annotated[PositiveFloat, Tune(1.0, 32.0, log=True, order=1)] = 8.0
     """Kernel output scale (code ``--outputscale`` 8, fixed)."""
     lengthscale: PositiveFloat = 1.0
     """RBF length scale on L2-normalised features (code ``--lengthscale`` 1, fixed)."""

@@ -22,7 +22,7 @@ initial random embedding (the paper's novel-client fine-tuning of v is not imple
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from torch.func import functional_call
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, SGD_LR, Tune
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
 from pfl_core.training import Params, batch_loss, value_and_grad
@@ -39,15 +39,15 @@ from pfl_core.training import Params, batch_loss, value_and_grad
 
 @dataclass
 class PFedHNHyper(HyperParams):
-    inner_steps: PositiveInt = 50
+    inner_steps: Annotated[PositiveInt, Tune(1, 100, log=True, order=2)] = 50
     """k, the client's SGD steps on its generated weights per round (code ``--inner-steps`` 50)."""
-    inner_lr: PositiveFloat = 5e-3
+    inner_lr: Annotated[PositiveFloat, SGD_LR.at(1)] = 5e-3
     """Client SGD learning rate (code ``--inner-lr`` 5e-3)."""
     inner_momentum: NonNegativeFloat = 0.9
     """Client SGD momentum (code: 0.9; a fresh optimiser every round)."""
     inner_weight_decay: NonNegativeFloat = 5e-5
     """Client SGD weight decay (code ``--inner-wd`` 5e-5)."""
-    lr: PositiveFloat = 1e-2
+    lr: Annotated[PositiveFloat, SGD_LR] = 1e-2
     """Hypernetwork SGD learning rate, embeddings included (code ``--lr`` 1e-2; ``--embed-lr``
     defaults to it)."""
     momentum: NonNegativeFloat = 0.9

@@ -40,7 +40,7 @@ State kept per client (``client.state``): ``theta`` (theta_i after the last loca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Annotated, Callable
 
 import torch
 from torch import nn
@@ -48,7 +48,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.fields import HyperParams
+from pfl_core.fields import HyperParams, PROX_LR, Tune
 from pfl_core.fields import NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
@@ -158,13 +158,13 @@ class ProxHyper(HyperParams):
     """The proximal local-training hyperparameters shared by pFedMe and CGPFL; defaults are the
     CGPFL Table 1 setting for MNIST/FMNIST MLR."""
 
-    lr: PositiveFloat = 0.005
+    lr: Annotated[PositiveFloat, PROX_LR] = 0.005
     """eta, the local-model step ``w <- w - lr*lam*(w - theta)`` (CGPFL Table 1: lr = 0.005 for
     MNIST/FMNIST, 0.03 for CIFAR10; pFedMe README MNIST: 0.005)."""
-    personal_lr: PositiveFloat = 0.1
+    personal_lr: Annotated[PositiveFloat, Tune(1e-3, 0.5, log=True, order=1)] = 0.1
     """The inner (personal) step on theta (pFedMe README: 0.1 MLR, 0.09 DNN, 0.01 CNN; docs/papers/cgpfl.md
     harness default)."""
-    lam: NonNegativeFloat = 12.0
+    lam: Annotated[NonNegativeFloat, Tune(0.1, 50.0, log=True, order=2)] = 12.0
     """lambda, the proximal regularization (CGPFL Table 1 caption: 12; pFedMe code: 15)."""
     inner_steps: PositiveInt = 5
     """Inner theta steps per local round: pFedMe's K_p (--K 5) = CGPFL's S (Table 1 caption: 5)."""
@@ -203,7 +203,7 @@ class ProxHyper(HyperParams):
 class PFedMeHyper(ProxHyper):
     """pFedMe hyperparameters (the shared proximal ones plus the server step)."""
 
-    beta: PositiveFloat = 1.0
+    beta: Annotated[PositiveFloat, Tune(1.0, 2.0, order=3)] = 1.0
     """Server mixing w <- (1-beta) w + beta avg (pFedMe paper settings: 1; 'fine-tuned': 2)."""
     weighting: Weighting = "samples"
     """Aggregation weights: ``samples`` (n_i / n_S, pFedMe code) or ``uniform``."""

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
-from pfl_core.fields import HyperParams, NonNegativeInt, PositiveFloat, PositiveInt
+from pfl_core.fields import FINETUNE_ORDER, HyperParams, NonNegativeInt, PositiveFloat, PositiveInt, Tune
 
 
 @dataclass
@@ -13,7 +13,7 @@ class EvalConfig(HyperParams):
 
     steps: NonNegativeInt = 0
     """Personalization steps at evaluation for methods that fine-tune (CAFeMe: 50)."""
-    lr: PositiveFloat = 0.01
+    lr: Annotated[PositiveFloat, Tune(1e-4, 0.5, log=True, order=FINETUNE_ORDER)] = 0.01
     """Fine-tuning learning rate (CAFeMe: ``lr_ft`` for baselines, ``lr_ft_pfl`` for CAFeMe)."""
     gamma: PositiveFloat = 0.8
     """Multiplicative learning-rate decay (CAFeMe: 0.8)."""
