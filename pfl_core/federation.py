@@ -66,7 +66,8 @@ def make_contexts(
                 drop_last=cfg.drop_last and training,
             )
         state = states.get(cid, {}) if states is not None else {}
-        train_augment = make_train_augment(augment, lambda: streams.torch("augment", cid, device="cpu"))
+        train_augment = make_train_augment(augment, lambda: streams.torch("augment", cid, device="cpu"),
+                                           fed.dataset)
         contexts[cid] = ClientContext(client, fed.dataset, split_streams, state, train_augment)
     return contexts
 
@@ -121,7 +122,7 @@ class Federation:
         self.algorithm, self.fed, self.cfg, self.protocol, self.streams = algorithm, fed, cfg, protocol, streams
         self.on_round, self.evaluate_clients = on_round, evaluate_clients
         self.eval_batch_size = protocol.cfg.batch_size or cfg.batch_size
-        check_augmentable(augment, fed.dataset.input_shape, algorithm)
+        check_augmentable(augment, fed.dataset.input_shape, algorithm, fed.dataset)
         self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size,
                                       augment=augment)
         per_round = algorithm.clients_per_round(cfg.clients_per_round)

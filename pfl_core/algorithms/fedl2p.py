@@ -52,6 +52,7 @@ from torch.func import functional_call
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.plans import augmented_rows
 from pfl_core.fields import HyperParams
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
@@ -110,7 +111,8 @@ class FedL2PHyper(HyperParams):
     ``jit_augment``): ``crop_flip`` = RandomCrop(padding ``augment_padding``) + RandomHorizontalFlip
     (CIFAR-10/10-C, docs/papers/fedl2p.md); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
     (Office-Caltech-10, DomainNet: docs/papers/fedl2p.md, :mod:`pfl_core.data.augment.flip_rotate`);
-    ``none`` (Speech Commands, whose ``jit_augment`` is the identity)."""
+    ``none`` (Speech Commands, whose ``jit_augment`` is the identity, ``src/data/commands_dataset.py``
+    L30-31: its per-item time shift and noise are ``data.augment: speech``)."""
     augment_padding: PositiveInt = 4
     """Zero padding (in [0, 1] pixel space) of the random crop."""
     weighting: Literal["val", "uniform"] = "val"
@@ -147,6 +149,9 @@ class FedL2P(Algorithm):
     hyper_class = FedL2PHyper
     #: False: each client learns its own lambda (L2P)
     federated: ClassVar[bool] = True
+    #: streams augmented per item by ``data.augment`` (the code's Speech Commands train loader,
+    #: ``src/data/speech_commands.py`` L263-265; val batches never: its "validation" subset)
+    train_streams = ("inner", "ltrain")
 
     def __init__(self, model, hp):
         super().__init__(model, hp)
@@ -224,9 +229,13 @@ class FedL2P(Algorithm):
     def client_inputs(self, server: ServerState, client: ClientContext,
                       augment: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(xi, x) of the client's train split, batches of B in split order (the statistics do not
-        depend on the order), batch i augmented with draw i of ``augment["inputs"]``."""
-        index = client.client.splits["train"]
-        batches = [client.dataset.batch(i)[0] for i in torch.split(index, client.streams["train"].batch_size)]
+        depend on the order), each item augmented by ``data.augment`` (Speech Commands) and batch i
+        with the shared draw i of ``augment["inputs"]`` (``meta_augment``)."""
+        parts = torch.split(client.client.splits["train"], client.streams["train"].batch_size)
+        if client.augment is None:
+            batches = [client.dataset.batch(i)[0] for i in parts]
+        else:  # data.augment: the code's per-item transform of its train loader (client L246-251)
+            batches = [augmented_rows(client.dataset, i, client.augment.draw(i.numel()))[0] for i in parts]
         if augment is not None:
             batches = [augment_batch(x, augment["inputs"], i, augment["pad"], self.hp.augment_padding)
                        for i, x in enumerate(batches)]
