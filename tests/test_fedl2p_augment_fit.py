@@ -37,3 +37,15 @@ def test_every_fedl2p_and_l2p_cells_augmentation_fits_its_dataset(name, profile)
             assert (_data_augment(config), meta) == ("speech", "none"), f"{where}: crop/flip on fbank images"
         else:
             assert meta == META_AUGMENT[dataset], where
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_speech_commands_runs_draw_class_balanced_training_batches_in_both_stages(name):
+    """The code's Speech Commands train loaders are class-balanced (``src/data/speech_commands.py``
+    L121-142); no image dataset's are."""
+    for run in draft(name, "paper"):
+        config = run.config
+        speech = config["data"]["dataset"] == "speech_commands"
+        for block in (config, config["model"].get("pretrained", {})):
+            if "data" in block:
+                assert block["data"].get("balanced_sampler", False) is speech, f"{name}/{run.cell_id}"

@@ -51,6 +51,7 @@ from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
+from pfl_core.batching import epoch_order
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.engine.plans import augmented_rows
 from pfl_core.fields import HyperParams
@@ -121,12 +122,13 @@ class FedL2PHyper(HyperParams):
     """Stop once round - best_round >= patience (code; CIFAR-10 50, CIFAR-10-C 100); 0: never."""
 
 
-def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator,
+                   weights: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
     """A shuffling DataLoader (no drop_last) cycled for ever: a fresh permutation each epoch
-    (the code's ``cycle(loader)``, re-iterating the loader)."""
+    (the code's ``cycle(loader)``, re-iterating the loader), or with ``weights`` a fresh
+    class-balanced draw with replacement (``data.balanced_sampler``, :func:`epoch_order`)."""
     while True:
-        perm = index[torch.randperm(index.numel(), generator=generator).to(index.device)]
-        yield from torch.split(perm, batch_size)
+        yield from torch.split(epoch_order(index, generator, weights), batch_size)
 
 
 def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor, padding: int) -> torch.Tensor:
@@ -229,9 +231,13 @@ class FedL2P(Algorithm):
     def client_inputs(self, server: ServerState, client: ClientContext,
                       augment: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(xi, x) of the client's train split, batches of B in split order (the statistics do not
-        depend on the order), each item augmented by ``data.augment`` (Speech Commands) and batch i
+        depend on the order; with ``data.balanced_sampler`` one class-balanced draw), each item augmented by ``data.augment`` (Speech Commands) and batch i
         with the shared draw i of ``augment["inputs"]`` (``meta_augment``)."""
-        parts = torch.split(client.client.splits["train"], client.streams["train"].batch_size)
+        stream = client.streams["train"]
+        index = client.client.splits["train"]
+        if stream.weights is not None:  # the code's balanced train loader (client L251: precompute_kld)
+            index = epoch_order(index, stream.generator, stream.weights)
+        parts = torch.split(index, stream.batch_size)
         if client.augment is None:
             batches = [client.dataset.batch(i)[0] for i in parts]
         else:  # data.augment: the code's per-item transform of its train loader (client L246-251)
@@ -314,7 +320,8 @@ class FedL2P(Algorithm):
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
         one val batch from a cycled val stream; both streams start a fresh epoch each round."""
         b, inner, outer = self.steps(client)
-        train = cycled_batches(client.client.splits["train"], b, client.streams["train"].generator)
+        stream = client.streams["train"]  # class-balanced with data.balanced_sampler; val never (the code)
+        train = cycled_batches(client.client.splits["train"], b, stream.generator, stream.weights)
         val = cycled_batches(client.client.splits["val"], b, client.streams["val"].generator)
         plan: dict[str, list[torch.Tensor]] = {"inner": [], "ltrain": [], "val": []}
         for _ in range(outer):
