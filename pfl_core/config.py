@@ -43,7 +43,7 @@ class DataConfig:
     """Draw each training epoch of a client with replacement, sample weights n / count of its class
     (:func:`pfl_core.batching.balanced_weights`): the FedL2P code's Speech Commands train loaders
     (``src/data/commands_dataset.py`` L78-80, ``src/data/speech_commands.py`` L121-142), in local
-    training and FedL2P's meta-training and meta-net input pass; not the evaluation's fine-tuning."""
+    training and FedL2P's meta-training and meta-net input pass (the evaluation's: ``evaluation.params.balanced``)."""
     subsample: NonNegativeInt = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""

@@ -110,3 +110,44 @@ def test_fedl2p_meta_net_inputs_come_from_one_balanced_draw_of_the_train_split()
                            [fed.dataset.batch(i)[0] for i in torch.split(order, 4)])
     torch.testing.assert_close(xi, want[0])
     torch.testing.assert_close(x, want[1])
+
+
+def test_evaluation_plans_draw_balanced_meta_and_fine_tuning_epochs():
+    from pfl_core.algorithms._lib.finetune import _seed, plan_client
+    from pfl_core.batching import epoch_order
+
+    index, labels = torch.arange(20, 30), torch.tensor([0] * 8 + [1] * 2)
+    weights = balanced_weights(labels)
+    plan = plan_client(3, index, torch.arange(5), 2, 4, 50, 7, weights=weights)
+    gen = torch.Generator().manual_seed(_seed(7, 3))
+    epochs = [epoch_order(index, gen, weights) for _ in range(3)]  # the meta-net input epoch, then 2
+    assert torch.equal(torch.cat(plan.meta), epochs[0])
+    assert torch.equal(torch.cat(plan.train), torch.cat(epochs[1:]))
+    plain = plan_client(3, index, torch.arange(5), 2, 4, 50, 7)
+    assert sorted(torch.cat(plain.meta).tolist()) == index.tolist()
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+def test_finetune_pretrained_balances_its_clients_plans_when_asked(monkeypatch, balanced):
+    import pfl_core.evaluation.finetune_pretrained as protocol_module
+    from pfl_core.evaluation.finetune_pretrained import FinetunePretrained
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(args[-1] if len(args) > 8 else kwargs.get("weights"))
+        return plan_client(*args, **kwargs)
+
+    plan_client = protocol_module.plan_client
+    monkeypatch.setattr(protocol_module, "plan_client", recording)
+    fed = l2p_federation(sizes=(6, 6))
+    model = tiny_resnet().double()
+    contexts = make_contexts(fed, fed.train_clients, FederationConfig(batch_size=4), RunStreams(0), "eval", 4)
+    protocol = FinetunePretrained(EvalConfig(epochs=0, augment=False, balanced=balanced))
+    protocol.evaluate(make_method("ft_bn_c", model), {"params": model_params(model)}, contexts)
+    assert len(seen) == 2
+    for cid, weights in zip(fed.train_clients, seen):
+        if balanced:
+            torch.testing.assert_close(weights, balanced_weights(fed.dataset.y[fed.clients[cid].splits["train"]]))
+        else:
+            assert weights is None

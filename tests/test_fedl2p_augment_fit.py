@@ -49,3 +49,10 @@ def test_speech_commands_runs_draw_class_balanced_training_batches_in_both_stage
         for block in (config, config["model"].get("pretrained", {})):
             if "data" in block:
                 assert block["data"].get("balanced_sampler", False) is speech, f"{name}/{run.cell_id}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_speech_commands_evaluations_fine_tune_on_class_balanced_epochs(name):
+    for run in draft(name, "paper"):
+        speech = run.config["data"]["dataset"] == "speech_commands"
+        assert run.config["evaluation"]["params"].get("balanced", False) is speech, f"{name}/{run.cell_id}"
