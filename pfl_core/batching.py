@@ -9,6 +9,25 @@ from __future__ import annotations
 import torch
 
 
+def balanced_weights(labels: torch.Tensor) -> torch.Tensor:
+    """Per-sample weights n / count(class of the sample), float64 on the CPU: the FedL2P code's
+    class-balanced sampler of Speech Commands training loaders (``get_balanced_sampler``,
+    ``src/data/speech_commands.py`` L121-142)."""
+    labels = labels.cpu()
+    return labels.numel() / torch.bincount(labels)[labels].double()
+
+
+def epoch_order(index: torch.Tensor, generator: torch.Generator, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """One epoch's order of ``index``: a permutation, or with ``weights`` len(index) draws with
+    replacement in proportion to them (``WeightedRandomSampler(w, len(w))``, which draws with
+    ``torch.multinomial(w, len(w), replacement=True)``)."""
+    if weights is None:
+        draw = torch.randperm(index.numel(), generator=generator)
+    else:
+        draw = torch.multinomial(weights, index.numel(), replacement=True, generator=generator)
+    return index[draw.to(index.device)]
+
+
 class BatchStream:
     """Batches of one client split: a cyclic ``next()`` iterator and fresh full passes.
 
@@ -20,6 +39,8 @@ class BatchStream:
         drop_last: drop the last incomplete batch. Ignored when the split holds fewer than B
             samples, where it would leave no batch at all (the CAFeMe code's crash; see
             docs/papers/cafeme.md): such a split yields one short batch, and ``short`` is True.
+        weights: per-sample weights of ``index`` (:func:`balanced_weights`): every order is drawn
+            with replacement in proportion to them (:func:`epoch_order`); None: permutations.
     """
 
     def __init__(
@@ -29,6 +50,7 @@ class BatchStream:
         generator: torch.Generator,
         reshuffle: bool = False,
         drop_last: bool = True,
+        weights: torch.Tensor | None = None,
     ):
         if index.numel() == 0:
             raise ValueError("a batch stream needs at least one sample")
@@ -36,14 +58,14 @@ class BatchStream:
         self.batch_size = int(batch_size)
         self.generator = generator
         self.reshuffle = reshuffle
+        self.weights = weights
         self.short = index.numel() < self.batch_size
         self.drop_last = drop_last and not self.short
         self._reorder()
         self._cursor = 0
 
     def _permutation(self) -> torch.Tensor:
-        perm = torch.randperm(self.index.numel(), generator=self.generator)
-        return self.index[perm.to(self.index.device)]
+        return epoch_order(self.index, self.generator, self.weights)
 
     def _reorder(self) -> None:
         """Draw a new order and cut it into batches once (not at every ``next()``)."""

@@ -31,12 +31,19 @@ class DataConfig:
     only. ``auto`` (default): ``train`` when ``evaluation.target`` is ``validation`` (a tuning run
     never sees test data, issue 15 item 6), else ``dataset``. ``dataset`` with the validation
     target is rejected."""
-    augment: Literal["none", "crop_flip"] = "none"
+    augment: Literal["none", "crop_flip", "speech"] = "none"
     """Per-sample augmentation of the training batches local training draws: ``crop_flip`` =
     RandomCrop(H x W, padding 4) + RandomHorizontalFlip per image, before the normalisation (the
-    FedL2P code's CIFAR-10 pretraining transform; docs/papers/fedl2p.md), drawn on the host
+    FedL2P code's CIFAR-10 pretraining transform; docs/papers/fedl2p.md); ``speech`` = time shift +
+    background noise per clip before its features (the FedL2P code's Speech Commands training
+    items, ``src/data/speech_commands.py`` L263-265); drawn on the host
     from a per-client stream so both execution paths see the same images
     (:mod:`pfl_core.engine.augmentation`). Never applied to evaluation batches."""
+    balanced_sampler: bool = False
+    """Draw each training epoch of a client with replacement, sample weights n / count of its class
+    (:func:`pfl_core.batching.balanced_weights`): the FedL2P code's Speech Commands train loaders
+    (``src/data/commands_dataset.py`` L78-80, ``src/data/speech_commands.py`` L121-142), in local
+    training and FedL2P's meta-training and meta-net input pass (the evaluation's: ``evaluation.params.balanced``)."""
     subsample: NonNegativeInt = 0
     """Keep a random subset of this many samples before partitioning (0: all). For smoke and
     quick profiles; the subset follows the seed (stream ``subsample``)."""

@@ -94,7 +94,8 @@ def warm_start(setups: list["RunSetup"], executor: Executor | None = None) -> li
             predecessor = cls(setup.model, hp)
             predecessor.seed = setup.streams.seed_int("algorithm", i + 1)
             federations.append(Federation(predecessor, setup.fed, init, setup.cfg.federation, setup.protocol,
-                                          setup.streams, evaluate_clients=False, augment=setup.cfg.data.augment))
+                                          setup.streams, evaluate_clients=False, augment=setup.cfg.data.augment,
+                                          balanced=setup.cfg.data.balanced_sampler))
         params = [r.server["params"] for r in run_lockstep(federations, executor or Executor("sequential"))]
     return params
 
@@ -346,7 +347,8 @@ def run_experiments(
     inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [
         Federation(s.algorithm, s.fed, init, s.cfg.federation, s.protocol, s.streams,
-                   on_round if k == 0 else None, augment=s.cfg.data.augment)
+                   on_round if k == 0 else None, augment=s.cfg.data.augment,
+                   balanced=s.cfg.data.balanced_sampler)
         for k, (s, init) in enumerate(zip(setups, inits))
     ]
     start = checkpointing.restore(federations, saved, dev) if saved else 0

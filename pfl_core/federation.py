@@ -15,7 +15,7 @@ import torch
 
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.batching import BatchStream
+from pfl_core.batching import BatchStream, balanced_weights
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import FederatedData
@@ -47,11 +47,13 @@ class ClientSampler:
 def make_contexts(
     fed: FederatedData, client_ids: list[int], cfg: FederationConfig, streams: RunStreams,
     purpose: str, eval_batch_size: int, states: dict[int, dict] | None = None, augment: str = "none",
+    balanced: bool = False,
 ) -> dict[int, ClientContext]:
     """One context per client: a batch stream per split (training splits with ``drop_last``,
     other splits complete) seeded by (run seed, purpose, client, split); with ``augment``
     (``data.augment``) the generator of its training batches' augmentation, seeded by (run seed,
-    ``augment``, client)."""
+    ``augment``, client); with ``balanced`` (``data.balanced_sampler``) the train stream draws its
+    epochs class-balanced with replacement (:func:`pfl_core.batching.balanced_weights`)."""
     contexts = {}
     for cid in client_ids:
         client = fed.clients[cid]
@@ -64,9 +66,11 @@ def make_contexts(
                 streams.torch(purpose, cid, k, device="cpu"),
                 reshuffle=cfg.reshuffle and training,
                 drop_last=cfg.drop_last and training,
+                weights=balanced_weights(fed.dataset.y[index]) if balanced and training else None,
             )
         state = states.get(cid, {}) if states is not None else {}
-        train_augment = make_train_augment(augment, lambda: streams.torch("augment", cid, device="cpu"))
+        train_augment = make_train_augment(augment, lambda: streams.torch("augment", cid, device="cpu"),
+                                           fed.dataset)
         contexts[cid] = ClientContext(client, fed.dataset, split_streams, state, train_augment)
     return contexts
 
@@ -112,18 +116,19 @@ class Federation:
     ``evaluate_clients=False`` trains only (a warm-start predecessor): no evaluation at all.
     ``augment`` (``data.augment``): per-sample augmentation of the training batches
     (:mod:`pfl_core.engine.augmentation`); evaluation batches are not augmented.
+    ``balanced`` (``data.balanced_sampler``): class-balanced training streams (:func:`make_contexts`).
     """
 
     def __init__(self, algorithm: Algorithm, fed: FederatedData, init_params: Params, cfg: FederationConfig,
                  protocol: Protocol, streams: RunStreams,
                  on_round: Callable[[int, dict[str, float]], None] | None = None,
-                 evaluate_clients: bool = True, augment: str = "none"):
+                 evaluate_clients: bool = True, augment: str = "none", balanced: bool = False):
         self.algorithm, self.fed, self.cfg, self.protocol, self.streams = algorithm, fed, cfg, protocol, streams
         self.on_round, self.evaluate_clients = on_round, evaluate_clients
         self.eval_batch_size = protocol.cfg.batch_size or cfg.batch_size
-        check_augmentable(augment, fed.dataset.input_shape, algorithm)
+        check_augmentable(augment, fed.dataset.input_shape, algorithm, fed.dataset)
         self.contexts = make_contexts(fed, fed.train_clients, cfg, streams, "batches", self.eval_batch_size,
-                                      augment=augment)
+                                      augment=augment, balanced=balanced)
         per_round = algorithm.clients_per_round(cfg.clients_per_round)
         self.sampler = ClientSampler(fed.train_clients, per_round, streams.numpy("sampling"))
         algorithm.prepare(fed)
@@ -237,10 +242,11 @@ def run_federation(
     evaluate_clients: bool = True,
     executor: Executor | None = None,
     augment: str = "none",
+    balanced: bool = False,
 ) -> FederationResult:
     """Run ``cfg.rounds`` rounds of ``algorithm`` and evaluate with ``protocol`` (one run; see
     :class:`Federation` for the arguments). ``executor`` runs the sampled clients (default:
     sequential, the reference path)."""
     federation = Federation(algorithm, fed, init_params, cfg, protocol, streams, on_round, evaluate_clients,
-                            augment)
+                            augment, balanced)
     return run_lockstep([federation], executor or Executor("sequential"))[0]

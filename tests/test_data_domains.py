@@ -109,6 +109,14 @@ def test_domainnet_is_normalised_everywhere_and_names_the_files_when_missing(tmp
         load_dataset("office_caltech10", tmp_path, "train", download=False)
 
 
+def test_domainnet_without_normalize_is_unnormalised_on_every_path_as_the_codes_baselines(tmp_path):
+    write_fedbn_domains(tmp_path, "domainnet", train={d: 50 for d in DOMAINNET.domains}, test=3)
+    ds = load_dataset("domainnet", tmp_path, "all", download=False, image_size=4, normalize=False)
+    assert ds.mean is None and ds.std is None and ds.for_evaluation() is ds
+    x, _ = ds.batch(torch.arange(3))
+    assert x.min() >= 0 and x.max() <= 1 and torch.equal(x, ds.raw_batch(torch.arange(3))[0])
+
+
 def test_domainnet_clients_follow_one_matrix_in_train_val_and_test(tmp_path):
     write_fedbn_domains(tmp_path, "domainnet", train={d: 60 for d in DOMAINNET.domains}, test=20)
     ds = load_sources("domainnet", ["train", "val", "test"], tmp_path, download=False, image_size=4)

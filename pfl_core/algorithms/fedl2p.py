@@ -51,7 +51,9 @@ from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
+from pfl_core.batching import epoch_order
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.plans import augmented_rows
 from pfl_core.fields import HyperParams, Tune
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
@@ -115,7 +117,8 @@ class FedL2PHyper(HyperParams):
     ``jit_augment``): ``crop_flip`` = RandomCrop(padding ``augment_padding``) + RandomHorizontalFlip
     (CIFAR-10/10-C, docs/papers/fedl2p.md); ``flip_rotate`` = RandomHorizontalFlip + RandomRotation(+-30)
     (Office-Caltech-10, DomainNet: docs/papers/fedl2p.md, :mod:`pfl_core.data.augment.flip_rotate`);
-    ``none`` (Speech Commands, whose ``jit_augment`` is the identity)."""
+    ``none`` (Speech Commands, whose ``jit_augment`` is the identity, ``src/data/commands_dataset.py``
+    L30-31: its per-item time shift and noise are ``data.augment: speech``)."""
     augment_padding: PositiveInt = 4
     """Zero padding (in [0, 1] pixel space) of the random crop."""
     weighting: Literal["val", "uniform"] = "val"
@@ -124,12 +127,13 @@ class FedL2PHyper(HyperParams):
     """Stop once round - best_round >= patience (code; CIFAR-10 50, CIFAR-10-C 100); 0: never."""
 
 
-def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator,
+                   weights: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
     """A shuffling DataLoader (no drop_last) cycled for ever: a fresh permutation each epoch
-    (the code's ``cycle(loader)``, re-iterating the loader)."""
+    (the code's ``cycle(loader)``, re-iterating the loader), or with ``weights`` a fresh
+    class-balanced draw with replacement (``data.balanced_sampler``, :func:`epoch_order`)."""
     while True:
-        perm = index[torch.randperm(index.numel(), generator=generator).to(index.device)]
-        yield from torch.split(perm, batch_size)
+        yield from torch.split(epoch_order(index, generator, weights), batch_size)
 
 
 def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor, padding: int) -> torch.Tensor:
@@ -152,6 +156,9 @@ class FedL2P(Algorithm):
     hyper_class = FedL2PHyper
     #: False: each client learns its own lambda (L2P)
     federated: ClassVar[bool] = True
+    #: streams augmented per item by ``data.augment`` (the code's Speech Commands train loader,
+    #: ``src/data/speech_commands.py`` L263-265; val batches never: its "validation" subset)
+    train_streams = ("inner", "ltrain")
 
     def __init__(self, model, hp):
         super().__init__(model, hp)
@@ -229,9 +236,17 @@ class FedL2P(Algorithm):
     def client_inputs(self, server: ServerState, client: ClientContext,
                       augment: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(xi, x) of the client's train split, batches of B in split order (the statistics do not
-        depend on the order), batch i augmented with draw i of ``augment["inputs"]``."""
+        depend on the order; with ``data.balanced_sampler`` one class-balanced draw), each item augmented by ``data.augment`` (Speech Commands) and batch i
+        with the shared draw i of ``augment["inputs"]`` (``meta_augment``)."""
+        stream = client.streams["train"]
         index = client.client.splits["train"]
-        batches = [client.dataset.batch(i)[0] for i in torch.split(index, client.streams["train"].batch_size)]
+        if stream.weights is not None:  # the code's balanced train loader (client L251: precompute_kld)
+            index = epoch_order(index, stream.generator, stream.weights)
+        parts = torch.split(index, stream.batch_size)
+        if client.augment is None:
+            batches = [client.dataset.batch(i)[0] for i in parts]
+        else:  # data.augment: the code's per-item transform of its train loader (client L246-251)
+            batches = [augmented_rows(client.dataset, i, client.augment.draw(i.numel()))[0] for i in parts]
         if augment is not None:
             batches = [augment_batch(x, augment["inputs"], i, augment["pad"], self.hp.augment_padding)
                        for i, x in enumerate(batches)]
@@ -310,7 +325,8 @@ class FedL2P(Algorithm):
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
         one val batch from a cycled val stream; both streams start a fresh epoch each round."""
         b, inner, outer = self.steps(client)
-        train = cycled_batches(client.client.splits["train"], b, client.streams["train"].generator)
+        stream = client.streams["train"]  # class-balanced with data.balanced_sampler; val never (the code)
+        train = cycled_batches(client.client.splits["train"], b, stream.generator, stream.weights)
         val = cycled_batches(client.client.splits["val"], b, client.streams["val"].generator)
         plan: dict[str, list[torch.Tensor]] = {"inner": [], "ltrain": [], "val": []}
         for _ in range(outer):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -100,9 +101,10 @@ def speech_features(rows: torch.Tensor) -> torch.Tensor:
     return F.interpolate(image, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", align_corners=False)
 
 
-@dataclass
-class SpeechDraws:
-    """Host-side draws of :class:`SpeechAugment` for a batch of n clips (CPU tensors)."""
+class SpeechDraws(NamedTuple):
+    """Host-side draws of :class:`SpeechAugment` for a batch of n clips (CPU tensors; a tuple of
+    equally long tensors like :class:`~pfl_core.data.augment.crop_flip.CropFlip`, so the engine
+    stacks and reshapes either the same way)."""
 
     shift: torch.Tensor      # int64 (n,), in [-max_shift, max_shift]
     blend: torch.Tensor      # bool (n,)

@@ -168,13 +168,15 @@ def office_caltech10(data_dir: Path, split: str, download: bool, equal_samples: 
 @DATASETS.register("domainnet")
 def domainnet(data_dir: Path, split: str, download: bool, equal_samples: bool = True,
               val_fraction: Fraction = 0.2, split_seed: NonNegativeInt = 1,
-              image_size: PositiveInt = 256) -> ArrayDataset:
-    """FedBN's DomainNet subset (6 domains x 10 classes), uint8 (N, 3, 256, 256), ImageNet
-    normalisation on every path (``domainnet_dataset.py`` L44, L253-262); never downloaded.
-    Parameters as for :func:`office_caltech10`."""
+              image_size: PositiveInt = 256, normalize: bool = True) -> ArrayDataset:
+    """FedBN's DomainNet subset (6 domains x 10 classes), uint8 (N, 3, 256, 256); never downloaded.
+    Parameters as for :func:`office_caltech10`. ``normalize``: ImageNet Normalize on every path,
+    training and evaluation (``domainnet_dataset.py`` L42 (default false), L52-54, L253-262: every loader);
+    the code sets it only in ``domainnet_fedl2p.yaml`` (L1-3), so its FT baselines
+    (``domainnet.yaml``, no ``normalize``) see [0, 1] images: false."""
     return load_domains("domainnet", DOMAINNET, data_dir, split, equal_samples=equal_samples,
                         val_fraction=val_fraction, split_seed=split_seed, image_size=image_size,
-                        normalize=True, normalize_everywhere=True)
+                        normalize=normalize, normalize_everywhere=True)
 
 
 office_caltech10.splits = domainnet.splits = ("train", "val", "test", "all")

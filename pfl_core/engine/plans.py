@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pfl_core.data.audio import SpeechAugment, SpeechDraws
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, stack_draws
 from pfl_core.data.federated import ArrayDataset
 
@@ -79,27 +80,36 @@ def _same_data(a: ArrayDataset, b: ArrayDataset) -> bool:
     return a is b or (a.x is b.x and a.y is b.y and a.mean is b.mean and a.std is b.std)
 
 
-def _augmented(dataset: ArrayDataset, index: torch.Tensor, draws: CropFlip) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows ``index`` (any shape) cropped and flipped per sample with ``draws`` (tensors shaped like
-    ``index``), then normalised: the [0, 1] images are padded with black before Normalize, as the
-    FedL2P code's ``RandomCrop(32, padding=4)`` before ``ToTensor``/``Normalize``."""
+def augmented_rows(dataset: ArrayDataset, index: torch.Tensor,
+                   draws: CropFlip | SpeechDraws) -> tuple[torch.Tensor, torch.Tensor]:
+    """Model inputs of rows ``index`` (any shape) augmented per sample with ``draws`` (tensors
+    shaped like ``index``). :class:`CropFlip`: cropped and flipped, then normalised (the [0, 1]
+    images are padded with black before Normalize, as the FedL2P code's ``RandomCrop(32,
+    padding=4)`` before ``ToTensor``/``Normalize``). :class:`SpeechDraws`: the clips shifted and
+    blended with the dataset's background noise, then turned into their features
+    (:class:`pfl_core.data.audio.SpeechAugment`)."""
     x, y = dataset.raw_batch(index.reshape(-1))
-    x = dataset.normalize(crop_flip(x, CropFlip(*(t.reshape(-1) for t in draws)), padding=CROP_PADDING))
+    flat = type(draws)(*(t.reshape(-1) for t in draws))
+    if isinstance(flat, SpeechDraws):
+        x = SpeechAugment(dataset.extras["noise"], dataset.extras["noise_lengths"]).apply(x, flat)
+    else:
+        x = crop_flip(x, flat, padding=CROP_PADDING)
+    x = dataset.to_inputs(dataset.normalize(x))
     return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
 
 
 def gather_rows(datasets: list[ArrayDataset], index: torch.Tensor,
-          draws: CropFlip | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          draws: CropFlip | SpeechDraws | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``index[k]`` of ``datasets[k]`` (``[clients, ...]`` indices); one indexing when the
     clients share their data (the clients of one run, or seeds without subsampling). ``draws``
     (tensors shaped like ``index``): augment each row (:mod:`pfl_core.engine.augmentation`)."""
     if all(_same_data(d, datasets[0]) for d in datasets[1:]):
         if draws is not None:
-            return _augmented(datasets[0], index, draws)
+            return augmented_rows(datasets[0], index, draws)
         x, y = datasets[0].batch(index.reshape(-1))
         return x.reshape(*index.shape, *x.shape[1:]), y.reshape(index.shape)
     if draws is not None:
-        parts = [_augmented(d, i, CropFlip(*(t[k] for t in draws)))
+        parts = [augmented_rows(d, i, type(draws)(*(t[k] for t in draws)))
                  for k, (d, i) in enumerate(zip(datasets, index))]
     else:
         parts = [d.batch(i) for d, i in zip(datasets, index)]

@@ -56,6 +56,11 @@ class EvalConfig(HyperParams):
     augment: bool = True
     """Protocol ``finetune_pretrained``: per-sample augmentation of the fine-tuning batches and of
     the meta-net input pass (docs/papers/fedl2p.md: evaluation path)."""
+    balanced: bool = False
+    """Protocol ``finetune_pretrained``: draw the meta-net input epoch and every fine-tuning epoch
+    with replacement, weight n / count of the sample's class (the FedL2P code's Speech Commands
+    train loader, ``src/data/commands_dataset.py`` L78-80, which its evaluation fine-tunes on,
+    ``src/apps/clients/fedl2p_classification_client.py`` L799-808); False: permutations."""
     clients: Literal["seen", "unseen"] = "seen"
     """Protocol ``finetune_pretrained``: which clients are evaluated, the training clients
     (``seen``) or the held-out ones (``unseen``: Speech Commands' unseen speaker pool, Table 4)."""

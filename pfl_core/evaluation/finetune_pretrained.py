@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pfl_core.batching import balanced_weights
 from pfl_core.engine.contract import ClientContext, ClientProgram, ServerState
 from pfl_core.data.federated import FederatedData
 from pfl_core.evaluation.protocol import PROTOCOLS, Protocol
@@ -91,8 +92,9 @@ class FinetunePretrained(Protocol):
         for ctx in contexts.values():
             index = torch.cat([ctx.client.splits[s] for s in self.finetune_splits])
             batch_size = cfg.batch_size or (ctx.streams["train"].batch_size if "train" in ctx.streams else 32)
+            weights = balanced_weights(ctx.dataset.y[index]) if cfg.balanced else None
             plans.append(plan_client(ctx.cid, index, ctx.client.splits[self.test_split], cfg.epochs, batch_size,
-                                     cfg.test_batch_size, self.seed, str(ctx.client.meta.get("group", ""))))
+                                     cfg.test_batch_size, self.seed, str(ctx.client.meta.get("group", "")), weights))
         start = load_pretrained(model, state)
         inputs = [client_meta_inputs(model, state, plan.inputs(dataset, "meta", augment)[0], start)
                   for plan in plans]

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import vmap
 
+from pfl_core.batching import epoch_order
 from pfl_core.algorithms._lib.meta_inputs import meta_inputs
 from pfl_core.models.kld_bn import bn_mode, bn_names, forward_bn, load_pretrained, set_betas
 from pfl_core.training import Params, value_and_grad
@@ -169,10 +170,11 @@ def _seed(*key: int) -> int:
     return int(np.random.SeedSequence(list(key)).generate_state(1)[0])
 
 
-def epoch_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """One shuffled pass over ``index`` in batches of ``batch_size``, the last one short."""
-    perm = torch.randperm(index.numel(), generator=generator)
-    return list(index[perm.to(index.device)].split(batch_size))
+def epoch_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator,
+                  weights: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """One shuffled pass over ``index`` in batches of ``batch_size``, the last one short; with
+    ``weights`` len(index) draws with replacement (:func:`pfl_core.batching.epoch_order`)."""
+    return list(epoch_order(index, generator, weights).split(batch_size))
 
 
 @dataclass
@@ -210,13 +212,14 @@ class ClientPlan:
 
 
 def plan_client(cid: int, finetune_index: torch.Tensor, test_index: torch.Tensor, epochs: int, batch_size: int,
-                test_batch_size: int, seed: int, group: str = "") -> ClientPlan:
+                test_batch_size: int, seed: int, group: str = "", weights: torch.Tensor | None = None) -> ClientPlan:
     """The client's batches (module docstring, step 1), from its own streams of ``seed`` (the run's
     evaluation seed) and its id, so every method sees the same batches: one epoch for the meta-net
-    inputs, then ``epochs`` epochs of fine-tuning, each shuffled anew."""
+    inputs, then ``epochs`` epochs of fine-tuning, each shuffled anew (``weights``: class-balanced
+    draws with replacement, evaluation ``balanced``)."""
     generator = torch.Generator().manual_seed(_seed(seed, cid))
-    meta = epoch_batches(finetune_index, batch_size, generator)
-    train = [b for _ in range(epochs) for b in epoch_batches(finetune_index, batch_size, generator)]
+    meta = epoch_batches(finetune_index, batch_size, generator, weights)
+    train = [b for _ in range(epochs) for b in epoch_batches(finetune_index, batch_size, generator, weights)]
     test = list(test_index.split(test_batch_size))
     return ClientPlan(cid, meta, train, test, (_seed(seed, cid, 1), _seed(seed, cid, 2)), group)
 

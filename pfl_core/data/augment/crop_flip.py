@@ -52,8 +52,9 @@ def draw_crop_flip(n: int, generator: torch.Generator, *, shared: bool = False, 
 
 
 def stack_draws(draws: Sequence[CropFlip]) -> CropFlip:
-    """Several clients' draws (each of n images) stacked to [clients, n], for a vmapped apply."""
-    return CropFlip(*(torch.stack(field) for field in zip(*draws)))
+    """Several clients' draws (each of n images) stacked to [clients, n], for a vmapped apply; any
+    tuple of tensors of one type (:class:`CropFlip`, ``pfl_core.data.audio.SpeechDraws``)."""
+    return type(draws[0])(*(torch.stack(field) for field in zip(*draws)))
 
 
 def crop_flip(x: torch.Tensor, draws: CropFlip, padding: int = 4) -> torch.Tensor:
