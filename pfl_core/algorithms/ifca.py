@@ -137,8 +137,9 @@ def one_pass_losses(model: nn.Module, params: Params, x: torch.Tensor, y: torch.
     """Sum over consecutive batches of ``sizes`` rows of (x, y) of each batch's mean CE, from one
     forward of all rows (a harness speed-up of the per-batch loop: one call instead of one per batch)."""
     losses = F.cross_entropy(forward(model, params, x), y, reduction="none")
-    counts = torch.tensor(sizes, device=losses.device)
-    batch_of = torch.repeat_interleave(torch.arange(len(sizes), device=losses.device), counts)
+    counts = torch.tensor(sizes)  # the batch of every row, built on the host: no device read
+    batch_of = torch.repeat_interleave(torch.arange(len(sizes)), counts).to(losses.device)
+    counts = counts.to(losses.device)
     sums = torch.zeros(len(sizes), dtype=losses.dtype, device=losses.device).index_add_(0, batch_of, losses)
     return (sums / counts).sum()
 
