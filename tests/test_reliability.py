@@ -233,7 +233,8 @@ def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     runs the trials still lacking: every Optuna trial has exactly one finished MLflow run."""
     import optuna
 
-    from benchmarks.tuning import _load_study, tune
+    from benchmarks.tuning import tune
+    from benchmarks.tuning_study import load_study
     from benchmarks.tuning_study import TrialLogger, TuneOptions, study_name
     from conftest import tiny_suite_dict, write_suite
     from test_claims import dead_pid
@@ -247,7 +248,7 @@ def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
                        tracking_uri=uri, echo=None)
     cell = {"setting": "dir", "method": "fedavg"}
     name = study_name(suite, "setting=dir,method=fedavg", "fedavg", "smoke")
-    study = _load_study(name, storage, opts, 2, 0)
+    study = load_study(name, storage, opts, 2, 0)
     study.set_user_attr("objective", None)  # set for real by tune below
     complete = study.ask()
     study.tell(complete, 0.5)  # in Optuna, never logged to MLflow

@@ -518,8 +518,8 @@ def test_report_ignores_runs_of_an_edited_suite(reported, tmp_path, suite_data):
     suite_data = renamed(suite_data, "edited")
     old = load_suite(write_suite(tmp_path / "v1.yaml", suite_data))
     run_sweep(old, old.expand("smoke", only=only, seeds=[0]), tracker, device="cpu", echo=quiet)
-    suite_data["base"]["method"]["params"]["lr"] = 0.2  # the suite is edited: same paper/name
-    new = load_suite(write_suite(tmp_path / "v2.yaml", suite_data))
+    suite_data["base"]["method"]["params"]["lr"] = 0.2  # the suite file is edited in place
+    new = load_suite(write_suite(tmp_path / "v1.yaml", suite_data))
     new_specs = new.expand("smoke", only=only)
     run_sweep(new, new_specs, tracker, device="cpu", echo=quiet)
     _, _, table = write_report(new, tracker, "smoke", out_dir=tmp_path / "rep")
