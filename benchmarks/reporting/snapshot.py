@@ -98,10 +98,13 @@ def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
         lines.append(f"- **{key}**: {value}")
     commits = sorted({r["tags"].get("git_commit", "unknown") for r in tracker.records})
     devices = sorted({r["tags"].get("device", "") for r in tracker.records})
-    wall = sum(r["metrics"].get("wall_s", 0.0) for r in tracker.records)
+    # a lockstep group's runs each record the group's wall-clock: count it once
+    wall = sum(r["metrics"].get("wall_s", 0.0) / max(1, int(r["tags"].get("lockstep_runs", "1") or 1))
+               for r in tracker.records)
     finished = sum(r["status"] == "FINISHED" for r in tracker.records)
     lines += [f"- **runs**: {finished} finished, {len(tracker.records) - finished} failed",
               f"- **code commits of the runs**: {', '.join(commits)}",
               f"- **devices**: {', '.join(d for d in devices if d) or 'unknown'}",
-              f"- **sum of the runs' wall-clock**: {wall / 3600:.2f} h ({wall:.0f} s)"]
+              f"- **compute time**: {wall / 3600:.2f} h ({wall:.0f} s), the runs' processes summed (a lockstep "
+              "group of seeds counted once); parallel workers overlap it"]
     return "\n".join(lines) + "\n"
