@@ -79,18 +79,45 @@ class TinyLeNet(torch.nn.Module):
         return features if embed else self.fc3(features)
 
 
-def l2p_federation(sizes=(10, 10, 10), val=3, test=4, seed=0, classes=3) -> FederatedData:
-    """float64 3x6x6 images; client k: ``sizes[k]`` train, ``val`` val and ``test`` test samples."""
-    gen = torch.Generator().manual_seed(seed)
-    total = sum(sizes) + (val + test) * len(sizes)
-    x = torch.rand(total, 3, 6, 6, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, classes, (total,), generator=gen)
+def split_clients(sizes, val: int, test: int) -> list[Client]:
+    """Clients over consecutive rows: client k takes ``sizes[k]`` train, then ``val`` val and ``test`` test rows."""
     clients, start = [], 0
     for cid, n in enumerate(sizes):
         cut = [start, start + n, start + n + val, start + n + val + test]
         clients.append(Client(cid, {"train": torch.arange(cut[0], cut[1]), "val": torch.arange(cut[1], cut[2]),
                                     "test": torch.arange(cut[2], cut[3])}))
         start = cut[3]
+    return clients
+
+
+def fedl2p_round(fed: FederatedData, execution: str, hp: dict, **federation_kwargs):
+    """One round of ``fedl2p`` on two clients of ``fed`` (a float64 tiny ResNet, fixed seeds) on the
+    ``execution`` path; ``federation_kwargs`` go to :func:`pfl_core.federation.run_federation`."""
+    from pfl_core.config import FederationConfig
+    from pfl_core.engine import Executor
+    from pfl_core.evaluation import EvalConfig
+    from pfl_core.evaluation.clients import SeenClients
+    from pfl_core.federation import run_federation
+    from pfl_core.seeding import RunStreams
+    from pfl_core.training import model_params
+
+    torch.manual_seed(0)
+    model = tiny_resnet().double()
+    algorithm = make_method("fedl2p", model, **hp)
+    algorithm.seed = 5
+    return run_federation(algorithm, fed, model_params(model), FederationConfig(rounds=1, clients_per_round=2,
+                                                                                 batch_size=4),
+                          SeenClients(EvalConfig(steps=0, lr=0.1, reduction="sample")), RunStreams(0),
+                          executor=Executor(execution, 0.0), **federation_kwargs)
+
+
+def l2p_federation(sizes=(10, 10, 10), val=3, test=4, seed=0, classes=3) -> FederatedData:
+    """float64 3x6x6 images; client k: ``sizes[k]`` train, ``val`` val and ``test`` test samples."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(sizes) + (val + test) * len(sizes)
+    x = torch.rand(total, 3, 6, 6, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (total,), generator=gen)
+    clients = split_clients(sizes, val, test)
     return FederatedData(ArrayDataset("img", x, y, classes), clients, list(range(len(sizes))))
 
 

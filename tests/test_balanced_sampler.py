@@ -8,13 +8,11 @@ import torch
 
 from pfl_core.batching import BatchStream, balanced_weights
 from pfl_core.config import FederationConfig
-from pfl_core.engine import Executor
 from pfl_core.evaluation import EvalConfig
-from pfl_core.evaluation.clients import SeenClients
-from pfl_core.federation import make_contexts, run_federation
+from pfl_core.federation import make_contexts
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
-from tests.helpers import l2p_federation, make_method, one_thread, tiny_resnet  # noqa: F401 (fixture)
+from tests.helpers import fedl2p_round, l2p_federation, make_method, one_thread, tiny_resnet  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,14 +73,7 @@ def test_fedl2p_balanced_training_is_identical_on_both_paths_and_differs_from_pl
     fed = l2p_federation(sizes=(8, 8))
 
     def run(execution, balanced):
-        torch.manual_seed(0)
-        model = tiny_resnet().double()
-        algorithm = make_method("fedl2p", model, **FAST)
-        algorithm.seed = 5
-        return run_federation(algorithm, fed, model_params(model), FederationConfig(rounds=1, clients_per_round=2,
-                                                                                     batch_size=4),
-                              SeenClients(EvalConfig(steps=0, lr=0.1, reduction="sample")), RunStreams(0),
-                              executor=Executor(execution, 0.0), balanced=balanced)
+        return fedl2p_round(fed, execution, FAST, balanced=balanced)
 
     sequential = run("sequential", True)
     assert_same_run(sequential, run("batched", True))

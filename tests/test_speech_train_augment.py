@@ -10,16 +10,15 @@ import torch.nn.functional as F
 
 from pfl_core.config import FederationConfig
 from pfl_core.data.audio import CLIP, SpeechAugment, join_rows
-from pfl_core.data.federated import ArrayDataset, Client, FederatedData
-from pfl_core.engine import Executor
+from pfl_core.data.federated import ArrayDataset, FederatedData
 from pfl_core.engine.augmentation import augment_draws
 from pfl_core.engine.plans import gather, make_buckets
 from pfl_core.evaluation import EvalConfig
 from pfl_core.evaluation.clients import SeenClients
-from pfl_core.federation import Federation, make_contexts, run_federation
+from pfl_core.federation import Federation, make_contexts
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
-from tests.helpers import l2p_federation, make_method, one_thread, tiny_resnet  # noqa: F401 (fixture)
+from tests.helpers import fedl2p_round, l2p_federation, split_clients, make_method, one_thread, tiny_resnet  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,12 +39,7 @@ def speech_federation(sizes=(8, 8), val=3, test=2, seed=0) -> FederatedData:
     rows = join_rows(lengths, torch.rand(total, CLIP, generator=gen, dtype=torch.float64) * 2 - 1)
     noise = torch.rand(2, 2 * CLIP, generator=gen, dtype=torch.float64) - 0.5
     y = torch.randint(0, 3, (total,), generator=gen)
-    clients, start = [], 0
-    for cid, n in enumerate(sizes):
-        cut = [start, start + n, start + n + val, start + n + val + test]
-        clients.append(Client(cid, {"train": torch.arange(cut[0], cut[1]), "val": torch.arange(cut[1], cut[2]),
-                                    "test": torch.arange(cut[2], cut[3])}))
-        start = cut[3]
+    clients = split_clients(sizes, val, test)
     dataset = ArrayDataset("speechy", rows, y, 3, inputs=clip_features,
                            extras={"noise": noise, "noise_lengths": torch.tensor([2 * CLIP, CLIP + 100])})
     return FederatedData(dataset, clients, list(range(len(sizes))))
@@ -102,14 +96,7 @@ def test_fedl2p_speech_training_is_identical_on_both_paths_and_differs_from_plai
     fed = speech_federation()
 
     def run(execution, augment):
-        torch.manual_seed(0)
-        model = tiny_resnet().double()
-        algorithm = make_method("fedl2p", model, **FAST)
-        algorithm.seed = 5
-        return run_federation(algorithm, fed, model_params(model), FederationConfig(rounds=1, clients_per_round=2,
-                                                                                     batch_size=4),
-                              SeenClients(EvalConfig(steps=0, lr=0.1, reduction="sample")), RunStreams(0),
-                              executor=Executor(execution, 0.0), augment=augment)
+        return fedl2p_round(fed, execution, FAST, augment=augment)
 
     sequential = run("sequential", "speech")
     assert_same_run(sequential, run("batched", "speech"))
