@@ -84,6 +84,32 @@ def test_kmeans_recovers_planted_clusters_and_is_seeded():
     assert np.array_equal(kmeans_labels(x, 1, seed=7), np.zeros(len(x)))
 
 
+@pytest.mark.parametrize("spread", [0.05, 0.0])  # planted contexts, then pure noise (no clear clusters)
+def test_kmeans_in_span_coordinates_gives_the_labels_of_full_dimension_kmeans(spread):
+    """kmeans_labels clusters the points in an orthonormal basis of their span; scikit-learn on the
+    raw 40 x 5,000 vectors (with its default tolerance) gives the same labels, seed by seed."""
+    import warnings
+
+    from sklearn.cluster import KMeans
+
+    from pfl_core.algorithms.cgpfl import span_coordinates
+
+    rng = np.random.default_rng(3)
+    for seed in range(12):
+        offset = rng.normal(size=5000)  # a large shared component, as client models have
+        centres = rng.normal(size=(4, 5000)) * spread
+        x = (offset + centres[rng.integers(0, 4, 40)] + 0.01 * rng.normal(size=(40, 5000)))
+        x = x.astype(np.float32).astype(np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            full = KMeans(n_clusters=4, init="k-means++", n_init=10, max_iter=300, random_state=seed).fit_predict(x)
+        assert np.array_equal(kmeans_labels(x, 4, seed=seed), full), seed
+    z = span_coordinates(x)
+    assert z.shape == (40, 40)
+    d_full = ((x[:, None] - x[None]) ** 2).sum(-1)
+    assert np.allclose(((z[:, None] - z[None]) ** 2).sum(-1), d_full, rtol=1e-9, atol=1e-9 * d_full.max())
+
+
 def test_cgpfl_server_step_sets_contexts_to_cluster_means_and_reassigns_clients():
     x, truth = _planted(per=4, dim=4)
     model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=False))  # 4 parameters

@@ -1,11 +1,14 @@
 """Federated data held as resident tensors plus per-client index tensors (docs/data.md).
 
 A dataset is loaded once. Images stay ``uint8`` until a batch is drawn; :meth:`ArrayDataset.batch`
-converts only the rows it returns. A client is a set of named index tensors into the dataset (one
+converts only the rows it returns, or gathers them from the normalised copy of the whole dataset
+that it makes on first use when that copy fits the input cache (``PFL_INPUT_CACHE_MB``, default
+1024; 0 turns it off): the same values, computed once instead of once per batch. A client is a set of named index tensors into the dataset (one
 per split: ``train``/``val``/``test`` or ``pers``/``eval``) plus metadata (group, writer, domain).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -66,6 +69,8 @@ class ArrayDataset:
     inputs: Callable[[torch.Tensor], torch.Tensor] | None = None
     extras: dict = field(default_factory=dict)
     unseen_groups: tuple[int, ...] = ()
+    _normalized: torch.Tensor | None = field(default=None, init=False, repr=False, compare=False)
+    """Every row scaled and normalised (:meth:`normalized_rows`); not copied by ``replace``."""
 
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
@@ -80,7 +85,8 @@ class ArrayDataset:
         """The shape of one model input (of a stored row mapped by ``inputs`` when set)."""
         if self.inputs is None or not len(self):
             return tuple(self.x.shape[1:])
-        return tuple(self.batch(torch.zeros(1, dtype=torch.int64, device=self.x.device))[0].shape[1:])
+        first = self.raw_batch(torch.zeros(1, dtype=torch.int64, device=self.x.device))[0]
+        return tuple(self.to_inputs(self.normalize(first)).shape[1:])
 
     def to(self, device: torch.device | str) -> "ArrayDataset":
         """A copy whose resident tensors live on ``device`` (done once per run; no-op if there)."""
@@ -108,8 +114,33 @@ class ArrayDataset:
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` as (float inputs, int64 labels); uint8 images are scaled to [0, 1]."""
+        rows = self.normalized_rows()
+        if rows is not None:
+            return self.to_inputs(rows[index]), self.y[index]
         x, y = self.raw_batch(index)
         return self.to_inputs(self.normalize(x)), y
+
+    def normalized_rows(self) -> torch.Tensor | None:
+        """All rows scaled to [0, 1] and normalised, as :meth:`batch` computes them row by row (the
+        same elementwise operations, so the same bits), made on first use and kept; None when the
+        float copy would exceed the input cache (``PFL_INPUT_CACHE_MB``, default 1024 MiB, a harness
+        choice; 0: never). Small-model runs spend most of a round converting and normalising their
+        batches otherwise (``benchmarks.speed``)."""
+        if self._normalized is None and self.x.dtype == torch.float32 and self.mean is None:
+            self._normalized = self.x  # float rows without mean/std are their own inputs
+        if self._normalized is None and len(self) and self._cache_fits():
+            out = torch.empty((len(self), *self.x.shape[1:]), dtype=torch.float32, device=self.x.device)
+            for start in range(0, len(self), 8192):
+                chunk = torch.arange(start, min(start + 8192, len(self)), device=self.x.device)
+                out[start:start + len(chunk)] = self.normalize(self.raw_batch(chunk)[0])
+            self._normalized = out
+        return self._normalized
+
+    def _cache_fits(self) -> bool:
+        if self.x.dtype not in (torch.uint8, torch.float32):
+            return False
+        budget = float(os.environ.get("PFL_INPUT_CACHE_MB", "1024")) * 2 ** 20
+        return self.x[:1].numel() * len(self) * 4 <= budget
 
     def raw_batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``index`` scaled to [0, 1] but not normalised: the input of an augmentation that
