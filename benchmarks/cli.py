@@ -181,8 +181,9 @@ def _render(args, papers: dict[str, list], named: list, tracker, rendered: list 
     from benchmarks.reporting.snapshot import SnapshotTracker, provenance_markdown
     from pfl_core.atomic_file import write_text
 
+    beside, note = beside_snapshots(getattr(args, "beside_snapshot", None) or [])
     for paper, suites in papers.items():
-        done = render_paper(paper, suites, tracker, args.profile, Path(args.out))
+        done = render_paper(paper, suites, tracker, args.profile, Path(args.out), beside, note)
         if rendered is not None:
             rendered.append(done)
         for part in done.suites:
@@ -194,6 +195,27 @@ def _render(args, papers: dict[str, list], named: list, tracker, rendered: list 
         print(f"{paper} [{args.profile}]: {len(suites)} suite(s), {len(done.pages)} pages -> {done.pdf} "
               f"({done.seconds:.1f}s)")
     return 0
+
+
+def suite_of_key(key: str) -> Path:
+    """The suite file of ``<paper>/<name>``: under ./suites, else the one shipped with this code."""
+    local = SUITES_DIR / f"{key}.yaml"
+    return local if local.is_file() else Path(__file__).resolve().parents[1] / "suites" / f"{key}.yaml"
+
+
+def beside_snapshots(files: list[str]) -> tuple[list, str]:
+    """(suite, snapshot) pairs of committed snapshots to render beside a report, and page 1's note
+    saying which tables are which."""
+    from benchmarks.reporting.snapshot import SnapshotTracker, snapshot_note
+
+    pairs = []
+    for file in files:
+        snapshot = SnapshotTracker.load(Path(file))
+        pairs.append((load_suite(suite_of_key(snapshot.suite_key)), snapshot))
+    notes = [snapshot_note(t, Path(f)) for (_, t), f in zip(pairs, files)]
+    if notes:
+        notes.append("Every other table was computed just now by this command; its own notice says what it is.")
+    return pairs, "\n".join(notes)
 
 
 def cmd_snapshot(args) -> int:
@@ -327,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "before any run and on --dry-run); the per-run checks stay")
     run.add_argument("--report", action="store_true", help="render the suite's report afterwards")
     run.add_argument("--out", default="reports", help="report folder (with --report)")
+    run.add_argument("--beside-snapshot", action="append", metavar="FILE",
+                     help="with --report: also render this committed snapshot first in the PDF (pflbench report "
+                          "--beside-snapshot); repeatable")
     failures = run.add_mutually_exclusive_group()
     failures.add_argument("--allow-failures", action="store_true",
                           help="exit 0 even if runs failed (default: exit 1 when any run of this call failed; "
@@ -344,6 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
     store_args(report)
     report.add_argument("--out", default="reports", help="output folder (default reports/)")
+    report.add_argument("--beside-snapshot", action="append", metavar="FILE",
+                        help="also render this committed snapshot first in the PDF, said to be one on page 1 "
+                             "(make demo: the reproduced CGPFL Table 1 beside the demo's offline numbers); repeatable")
     report.add_argument("--from-snapshot", default=None, metavar="FILE",
                         help="render a committed snapshot (pflbench snapshot) instead of the store: its suite alone, "
                              "with a provenance page beside the table")

@@ -23,7 +23,7 @@ from benchmarks.runner import run_sweep
 from benchmarks.suite import cell_id, load_suite
 from benchmarks.tracking import Tracker
 from pfl_core.federation import DivergenceError
-from conftest import store, tiny_suite_dict, write_suite
+from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
 FAIL_CELL = {"setting": "iid", "method": "fedavg_ft"}
 FAIL_SEED = 1
@@ -476,6 +476,26 @@ def test_run_with_report_renders_the_paper_pdf(reported, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "0 finished, 0 failed, 6 skipped" in printed  # all FINISHED in the module's store
     assert (out / "tiny.pdf").is_file() and "tiny [smoke]: 1 suite(s)" in printed
+
+
+def test_report_beside_a_committed_snapshot_says_which_is_which(reported, tmp_path, capsys):
+    """``--beside-snapshot`` (make demo): the committed CGPFL Table 1 snapshot comes first in the
+    PDF, page 1 counts its verdicts and says it is a snapshot that was not rerun; its pages carry no
+    not-comparable banner while the smoke suite's pages do; its files go under <paper>/beside/."""
+    snapshot = REPO_ROOT / "reports" / "reproduced" / "cgpfl" / "table1.snapshot.json"
+    out = tmp_path / "out"
+    assert main(["report", str(reported["path"]), "--profile", "smoke", "--tracking-uri", reported["uri"],
+                 "--out", str(out), "--beside-snapshot", str(snapshot)]) == 0
+    pages = pdf_pages(out / "tiny.pdf")
+    first = squash(pages[0])
+    assert "cgpfl/table1: a COMMITTED SNAPSHOT of" in first and "without rerunning anything" in first
+    row = next(line for line in pages[0].splitlines() if line.startswith("cgpfl/table1 "))
+    assert int(row.split()[2]) >= 3  # reproduced cells of the snapshot, counted on page 1
+    assert "Suites: tiny/mini" in first and "tiny/mini: Not comparable with the paper" in first
+    cgpfl = [i for i, p in enumerate(pages) if "(cgpfl/table1)" in p]  # the section's footer names it
+    assert cgpfl and all("NOT COMPARABLE" not in pages[i] for i in cgpfl)
+    assert all("NOT COMPARABLE" in pages[i] for i in range(len(pages)) if i not in cgpfl)
+    assert (out / "tiny" / "beside" / "cgpfl" / "table1.md").is_file() and not (out / "cgpfl").exists()
 
 
 # ------------------------------------------------------------------ run selection (real sweeps)

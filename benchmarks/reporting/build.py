@@ -72,13 +72,21 @@ def paper_suites(paper: str, suites_dir: Path = Path("suites")) -> list[Path]:
 
 
 def render_paper(paper: str, suites: list[Suite], tracker: Tracker, profile: str = "paper",
-                 out_dir: Path = REPORTS_DIR) -> RenderedPaper:
-    """Every suite's tables and figures under ``<out_dir>/<paper>/`` and ``<out_dir>/<paper>.pdf``."""
+                 out_dir: Path = REPORTS_DIR, beside: list[tuple[Suite, Tracker]] = (),
+                 front_note: str = "") -> RenderedPaper:
+    """Every suite's tables and figures under ``<out_dir>/<paper>/`` and ``<out_dir>/<paper>.pdf``.
+
+    ``beside``: (suite, tracker) pairs rendered first in the PDF, at their ``paper`` profile, with
+    their files under ``<out_dir>/<paper>/beside/`` (never over the user's own reports of those
+    papers): e.g. the demo shows a committed paper-scale snapshot beside its own offline numbers,
+    ``front_note`` saying on page 1 which is which."""
     started = time.perf_counter()
+    shown = [render_suite(s, t, "paper", Path(out_dir) / paper / "beside", keep_figures=True) for s, t in beside]
     rendered = [render_suite(s, tracker, profile, out_dir, keep_figures=True) for s in suites]
     pdf = Path(out_dir) / f"{paper}.pdf"
-    pages = write_pdf(pdf, paper, [r.report for r in rendered], [r.figures for r in rendered])
-    for r in rendered:
+    both = shown + rendered
+    pages = write_pdf(pdf, paper, [r.report for r in both], [r.figures for r in both], len(shown), front_note)
+    for r in both:
         r.figures.clear()
     return RenderedPaper(paper, pdf, pages, rendered, time.perf_counter() - started)
 

@@ -203,13 +203,20 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
 
 
-def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning: str) -> None:
+def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning: str,
+                 front_note: str = "", beside: int = 0) -> None:
     """Page 1: the title lines, then the summary: verdict counts per table, the labels, Kendall's
-    tau per table and the switches in force (:mod:`.summary`), cut to fit one page."""
+    tau per table and the switches in force (:mod:`.summary`), cut to fit one page. ``front_note``
+    (tables rendered beside this paper's own, e.g. a committed snapshot) comes first, in blue; the
+    title lines count the paper's own runs only (the first ``beside`` reports are not)."""
     fig = doc.new_page(f"Reproduction report: {paper}")
-    lines = title_lines(paper, reports)
+    lines = title_lines(paper, reports[beside:])
     fig.text(0.04, 0.885, "\n".join(lines), fontsize=9, va="top", linespacing=1.45)
     y = 0.885 - len(lines) * 9 * 1.45 / 72 / PAGE[1] - 0.02
+    if front_note:
+        wrapped = [w for part in front_note.split("\n") for w in textwrap.wrap(part, 150)]
+        fig.text(0.04, y, "\n".join(wrapped), fontsize=9, color="#0b3d91", weight="bold", va="top")
+        y -= len(wrapped) * 9 * 1.3 / 72 / PAGE[1] + 0.015
     if warning:
         wrapped = textwrap.wrap(warning, 150)
         fig.text(0.04, y, "\n".join(wrapped), fontsize=9, color="#b00020", weight="bold", va="top")
@@ -237,14 +244,20 @@ def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning
     doc.save(fig, "summary")
 
 
-def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[dict]) -> list[str]:
-    """Render the paper's PDF; return the page titles."""
-    warnings = sorted({notice(r).replace("`", "") for r in reports if notice(r)})
+def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[dict],
+              beside: int = 0, front_note: str = "") -> list[str]:
+    """Render the paper's PDF; return the page titles. The first ``beside`` reports are tables
+    rendered beside the paper's own (a committed snapshot, ``pflbench run --beside-snapshot``):
+    their pages carry their own notice, not the one of the paper's own suites."""
+    own = reports[beside:]
+    prefix = (lambda r: f"{r.suite.key}: ") if beside else (lambda r: "")  # name whose notice it is
+    warnings = sorted({prefix(r) + notice(r).replace("`", "") for r in own if notice(r)})
     warning = " ".join(warnings) if warnings else ""
     with atomic_path(path) as tmp:
         doc = ReportPdf(tmp, paper, warning)
-        summary_page(doc, paper, reports, warning)
+        summary_page(doc, paper, reports, warning, front_note, beside)
         for i, (report, figs) in enumerate(zip(reports, figures), start=1):
+            doc.warning = notice(report).replace("`", "") if i <= beside else warning
             suite_section(doc, i, report, figs)
         doc.close()
     return doc.pages

@@ -108,3 +108,14 @@ def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
               f"- **compute time**: {wall / 3600:.2f} h ({wall:.0f} s), the runs' processes summed (a lockstep "
               "group of seeds counted once); parallel workers overlap it"]
     return "\n".join(lines) + "\n"
+
+
+def snapshot_note(tracker: SnapshotTracker, path: Path) -> str:
+    """One line for page 1 of a report that shows the snapshot beside other tables: what it is,
+    where it came from, and that nothing was rerun."""
+    finished = [r for r in tracker.records if r["status"] == "FINISHED"]
+    commits = sorted({r["tags"].get("git_commit", "unknown")[:7] for r in finished})
+    data = tracker.provenance.get("data", "").split(" (")[0]
+    return (f"{tracker.suite_key}: a COMMITTED SNAPSHOT of {len(finished)} runs this harness computed earlier "
+            f"(code {', '.join(commits) or 'unknown'}{'; data: ' + data if data else ''}), rendered from "
+            f"{Path(path).name} without rerunning anything; its verdicts compare it with the published numbers.")
