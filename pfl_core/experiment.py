@@ -255,6 +255,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
     metrics["short_train_clients"] = float(len(short))  # the report counts them per run
+    if setup.algorithm.pretraining_rounds():  # the report's best-validation selection skips them
+        metrics["pretraining_rounds"] = float(setup.algorithm.pretraining_rounds())
     if setup.cfg.federation.early_stopping:  # the round training ended at (rounds: it did not stop)
         metrics["stopped_round"] = float(fed_result.stopped_round or setup.cfg.federation.rounds)
     clients = [

@@ -163,6 +163,13 @@ class Algorithm(ABC):
         Never by default."""
         return False
 
+    def pretraining_rounds(self) -> int:
+        """Rounds at the start of a run that train another model than the method's own (LG-FedAvg:
+        its FedAvg stage, ``pretrain_rounds``). Evaluations at rounds up to this one score that
+        model, so best-validation selection (the run's metric ``pretraining_rounds``, read by the
+        report) and early stopping skip them. 0 by default."""
+        return 0
+
     def run_info(self, server: ServerState) -> dict:
         """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the
         method made while training; none by default."""
