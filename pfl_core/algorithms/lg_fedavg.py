@@ -44,14 +44,16 @@ class LGFedAvgHyper(SplitFedAvgHyper):
 
 @METHODS.register("lg_fedavg")
 class LGFedAvg(SplitFedAvg):
-    """Server state: ``params`` and ``round`` (rounds aggregated so far)."""
+    """Server state: ``params``, ``round`` (rounds aggregated so far) and, for a model with BN
+    state, ``buffers`` (averaged like SplitFedAvg's)."""
 
     hyper_class = LGFedAvgHyper
     personal_part = "body"
     trained_part = "all"
 
     def init_server(self, params: Params) -> ServerState:
-        return {"params": params, "round": 0}
+        """The base state (``params``, and ``buffers`` for a model with BN state) and ``round``."""
+        return {**super().init_server(params), "round": 0}
 
     def personal_names(self, server: ServerState) -> list[str]:
         return [] if server["round"] < self.hp.pretrain_rounds else super().personal_names(server)
