@@ -61,7 +61,8 @@ def test_every_model_builder_is_marked_as_its_models_are():
 def test_a_method_that_says_it_carries_bn_state_moves_the_servers_statistics_in_a_round(name):
     torch.manual_seed(0)
     model = tiny_resnet()
-    hp = {"head_prefixes": ["fc."]} if "head_prefixes" in {f.name for f in fields(METHODS.get(name).hyper_class)} else {}
+    split = "head_prefixes" in {f.name for f in fields(METHODS.get(name).hyper_class)}
+    hp = {"head_prefixes": ["fc."]} if split else {}  # the ResNet's head
     algorithm = make_method(name, model, **hp)
     fed = rgb_federation()
     cfg = FederationConfig(rounds=1, clients_per_round=2, batch_size=4)
