@@ -23,6 +23,11 @@ by hash (a local copy; the state itself for Ray tasks on other machines), record
 and run id (tags ``pretrained.config_hash``, ``pretrained.run_id``; ``run_info.json``), and fails
 with the reason when its stage 1 failed. Only pending stage-2 runs need a stage 1: a sweep whose
 runs all FINISHED trains nothing.
+
+A stage 1 of a KLD-BN model evaluated by ``seen`` scores it with BatchNorm in train mode (each test
+batch normalised with its own statistics): its accuracies are not the paper's Global Accuracy
+(method ``global_model``). Such a run is named so (tag ``bn_evaluation=train``, its run name and
+description, :data:`benchmarks.tracking.TRAIN_MODE_NOTE`) and the sweep's log says it.
 """
 from __future__ import annotations
 
@@ -35,7 +40,8 @@ from benchmarks import mlflow_ui as ui
 from benchmarks.claims import LEASE_S, Claim, ClaimBook
 from benchmarks.stored_pretrained import StoredPretraining, StoredState, _load
 from benchmarks.suite import RunSpec, stage1_hash
-from benchmarks.tracking import STATE_DIR, STATE_FILE, Tracker
+from benchmarks.tracking import (BN_EVALUATION_TAG, STATE_DIR, STATE_FILE, TRAIN_MODE_NOTE, Tracker,
+                                 bn_evaluation)
 from benchmarks.worker import WorkerArgs, execute_specs
 from pfl_core.config import RunConfig
 
@@ -118,6 +124,10 @@ def resolve_stage1(specs: list[RunSpec], tracker: Tracker, executor, folder: Pat
             result.states[spec.config_hash] = _stored_state(tracker, run, folder, executor.remote)
             result.reused += 1
     echo(f"pretraining: {len(needed)} distinct stage-1 model(s): {result.reused} stored, {len(pending)} to train")
+    train_mode = sum(bn_evaluation(spec.config) == "train" for spec in needed)
+    if train_mode:
+        echo(f"pretraining: {train_mode} of them evaluated with BatchNorm in train mode: {TRAIN_MODE_NOTE} "
+             f"(tag {BN_EVALUATION_TAG}=train)")
     claims = ClaimBook(tracker, PRETRAIN_EXPERIMENT, lease_s)
     claims.reap_stale()
     try:

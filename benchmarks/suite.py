@@ -74,7 +74,10 @@ from benchmarks.suite_schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISH
 from benchmarks.tuned_values import check_tuned, read_tuned, tuned_spec
 
 
-#: bump when a change of the core changes what an identical config computes
+#: bump when a change of the core changes what every identical config computes; it changes every
+#: hash (no stored run is skipped, resumed or reused; committed snapshots stop matching). A change
+#: to one method is a named parameter its suites state instead (docs/suites.md, "CONFIG_VERSION",
+#: with the decision for 457380c's pFedMe/CGPFL defaults and L2SGD draw: not bumped)
 CONFIG_VERSION = 1
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from pfl_core.algorithms import METHODS
 from pfl_core.analysis import ANALYSIS_METRICS, parse_analyses
+from pfl_core.bn_support import check_bn_support
 from pfl_core.config import RunConfig, section_keys
 from pfl_core.fields import ConfigError, check_call_values
 from pfl_core.data import DATASETS, PARTITIONERS
@@ -147,6 +148,7 @@ def check_names(cfg: RunConfig) -> None:
     check_sources(cfg.data)
     MODELS.get(cfg.model.name)
     method = METHODS.get(cfg.method.name)
+    check_bn_support(cfg.method.name, cfg.model.name)
     method.hyper_class.from_dict(cfg.method.params, where=f"method.params ({cfg.method.name}): ",
                                  path="method.params.")
     for i, step in enumerate(cfg.model.warm_start):
@@ -154,6 +156,7 @@ def check_names(cfg: RunConfig) -> None:
             raise ConfigError(f"model.warm_start[{i}] must be {{name: <method>, params: {{...}}}}")
         METHODS.get(step["name"]).hyper_class.from_dict(step.get("params", {}),
                                                         where=f"model.warm_start[{i}]: ")
+        check_bn_support(step["name"], cfg.model.name, f"model.warm_start[{i}].name")
     PROTOCOLS.get(cfg.evaluation.protocol)
     EvalConfig.from_dict(cfg.evaluation.params, where="evaluation.params: ", path="evaluation.params.")
     parse_analyses(cfg.evaluation.analyses)

@@ -26,10 +26,28 @@ from mlflow.tracking import MlflowClient
 from benchmarks import mlflow_ui as ui
 from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
 from benchmarks.suite import RunSpec, Suite, stage1_hash
+from pfl_core.bn_support import evaluation_bn_mode
 
 STATE_DIR, STATE_FILE = "pretrained", "state.pt"
 """A stage-1 run's artifact ``pretrained/state.pt``: its :data:`pfl_core.pretrained.PretrainedState`."""
 STAGE_TAG = "stage"
+
+
+BN_EVALUATION_TAG = "bn_evaluation"
+"""How the run's evaluation treats the BatchNorm of a model with running statistics (KLD-BN):
+``train``, ``eval`` or ``recipe`` (:data:`pfl_core.evaluation.protocol.Protocol.bn_mode`); absent
+for a model without BN state."""
+TRAIN_MODE_LABEL = "BN train-mode evaluation"
+"""Added to the name of a stage-1 run evaluated with BatchNorm in train mode."""
+TRAIN_MODE_NOTE = ("its accuracies are a BN train-mode evaluation (each test batch normalised with its own "
+                   "statistics, not the running statistics stage 2 starts from), not the paper's Global "
+                   "Accuracy (method global_model)")
+"""Added to the description of a stage-1 run evaluated with BatchNorm in train mode."""
+
+
+def bn_evaluation(config: dict) -> str | None:
+    """The run's :data:`BN_EVALUATION_TAG` value from its resolved config (None: no BN state)."""
+    return evaluation_bn_mode(config["model"]["name"], config["evaluation"]["protocol"])
 
 
 def stage_tags(spec: RunSpec, info: dict) -> dict[str, str]:
@@ -246,6 +264,12 @@ class Tracker:
         if parent:
             tags[ui.PARENT_TAG] = parent
         tags.update(stage_tags(spec, info))
+        bn = bn_evaluation(spec.config)
+        if bn:
+            tags[BN_EVALUATION_TAG] = bn
+            if spec.stage and bn == "train":  # a FedL2P stage 1: its accuracies are not Global Accuracy
+                tags["mlflow.runName"] += f" ({TRAIN_MODE_LABEL})"
+                tags[ui.NOTE_TAG] += f" | {TRAIN_MODE_NOTE}"
         if info.get("dataset_offline"):
             tags["offline_data"] = "true"
         if info.get("resumed_from_round"):

@@ -18,6 +18,7 @@ import torch
 from pfl_core.engine.device import configure_device, device_info
 from pfl_core.algorithms import METHODS
 from pfl_core.analysis import parse_analyses, run_analyses
+from pfl_core.bn_support import check_bn_support
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.data import build_federated, load_dataset, load_sources
@@ -29,6 +30,7 @@ from pfl_core.engine.choice import choose_execution, step_flops
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import Federation, run_lockstep
 from pfl_core.models import build_model
+from pfl_core.models.kld_bn import has_bn_state
 from pfl_core.pretrained import PretrainedState, Provider, final_state, resolve
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
@@ -219,7 +221,11 @@ def prepare_run(cfg: RunConfig, dev: torch.device, data_dir: str | None = None,
                 pretrained: Provider | None = None) -> RunSetup:
     """Load and partition the data, build the model (seeded, then loaded with the pretrained state
     of ``model.pretrained`` from ``pretrained``, default :class:`InProcessPretraining`), the method
-    (``algorithm.pretrained``: that state) and the protocol."""
+    (``algorithm.pretrained``: that state) and the protocol. A method that does not carry the BN
+    running statistics of a model that keeps them is rejected first (:func:`check_bn_support`)."""
+    check_bn_support(cfg.method.name, cfg.model.name)
+    for i, step in enumerate(cfg.model.warm_start):
+        check_bn_support(step.get("name", ""), cfg.model.name, f"model.warm_start[{i}].name")
     streams = RunStreams(cfg.seed)
     d = cfg.data
     dataset, fed = run_data(cfg, streams, data_dir)
@@ -255,6 +261,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
     metrics["short_train_clients"] = float(len(short))  # the report counts them per run
+    if setup.algorithm.pretraining_rounds():  # the report's best-validation selection skips them
+        metrics["pretraining_rounds"] = float(setup.algorithm.pretraining_rounds())
     if setup.cfg.federation.early_stopping:  # the round training ended at (rounds: it did not stop)
         metrics["stopped_round"] = float(fed_result.stopped_round or setup.cfg.federation.rounds)
     clients = [
@@ -281,6 +289,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     }
     if setup.pretrained_info:
         info["pretrained"] = setup.pretrained_info
+    if has_bn_state(setup.model):  # train: accuracies with each test batch's own BN statistics
+        info["bn_evaluation"] = setup.protocol.bn_mode
     if setup.cfg.federation.early_stopping:
         info["early_stopped_at_round"] = fed_result.stopped_round
     analysed = run_analyses(setup.analyses, setup, fed_result)

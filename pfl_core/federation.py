@@ -162,7 +162,8 @@ class Federation:
                              f"log (it logs {sorted(metrics)}): set federation.early_stopping_key, or "
                              "evaluation.params.val_split: val")
         rows = [*self.result.history, metrics]
-        evaluations = [(int(r["round"]), float(r[key])) for r in rows if key in r]
+        first = self.algorithm.pretraining_rounds()  # evaluations of a pretraining stage do not count
+        evaluations = [(int(r["round"]), float(r[key])) for r in rows if key in r and r["round"] > first]
         return stop_round(evaluations, self.cfg.patience_rule, self.cfg.patience,
                           self.cfg.early_stopping_after, self.cfg.eval_every) == metrics["round"]
 

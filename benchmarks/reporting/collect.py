@@ -17,6 +17,10 @@ from benchmarks.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.tracking import Tracker
 
+#: the run metric of a method's pretraining stage (:meth:`pfl_core.algorithms.base.Algorithm.pretraining_rounds`):
+#: best-validation selection skips the evaluations up to that round
+PRETRAINING_ROUNDS = "pretraining_rounds"
+
 COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "config_hash",
            "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients",
            "reused_from", "reused_from_experiment"]
@@ -42,7 +46,8 @@ def run_value(metric: MetricSpec, final: dict[str, float], histories: dict[str, 
         curve = histories.get(metric.curve_metric) or {}
         raw = per_seed_last3([curve[k] for k in sorted(curve)]) if curve else math.nan
     elif aggregate == "best_val_round":
-        pick = best_val_round(histories.get(metric.select_metric) or {}, histories.get(metric.key) or {})
+        pick = best_val_round(histories.get(metric.select_metric) or {}, histories.get(metric.key) or {},
+                              after=int(final.get(PRETRAINING_ROUNDS, 0)))
         raw = math.nan if pick is None else pick.test
     else:
         raw = final.get(metric.key, math.nan)

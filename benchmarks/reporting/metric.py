@@ -78,7 +78,8 @@ class MetricSpec:
                 f"mean of the last three points of the seed-averaged `{self.curve_metric}` curve; "
                 f"± = mean of the last three per-step {self.pm}'s over seeds (docs/papers/cafeme.md)"),
             "best_val_round": (
-                f"`{self.key}` at the round with the best `{self.select_metric}` per seed, mean over "
+                f"`{self.key}` at the round with the best `{self.select_metric}` per seed (rounds of a "
+                "method's pretraining stage, LG-FedAvg's FedAvg rounds, left out), mean over "
                 "seeds (MetaVers spec, \"Evaluation protocol\")"),
             "max_over_rounds": (
                 f"the maximum over the logged rounds of `{self.round_key}` per seed, mean over seeds "

@@ -63,12 +63,14 @@ class Selection:
     test: float
 
 
-def best_val_round(val: dict[int, float], test: dict[int, float]) -> Selection | None:
+def best_val_round(val: dict[int, float], test: dict[int, float], after: int = 0) -> Selection | None:
     """The test value at the evaluation round with the best validation value (docs/papers/metavers.md, model
     selection). Ties go to the earliest round, as a new best needs a
-    strict improvement in the authors' code. Only rounds with both values count; None if none."""
+    strict improvement in the authors' code. Only rounds with both values count, and only rounds
+    after ``after`` (a method's pretraining stage, the run's metric ``pretraining_rounds``:
+    LG-FedAvg's FedAvg rounds score another model); None if none."""
     rounds = sorted(set(val) & set(test))
-    rounds = [r for r in rounds if not math.isnan(val[r])]
+    rounds = [r for r in rounds if r > after and not math.isnan(val[r])]
     if not rounds:
         return None
     best = rounds[0]

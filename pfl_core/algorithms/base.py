@@ -61,6 +61,13 @@ class Algorithm(ABC):
     #: those ``data.augment`` augments per sample (:mod:`pfl_core.engine.augmentation`); a method
     #: that names none rejects ``data.augment``
     train_streams: ClassVar[tuple[str, ...]] = ()
+    #: whether the method carries the BatchNorm running statistics of a model that keeps them
+    #: (KLD-BN: FedL2P's ResNets, MetaVers' ``conv4``): its clients update them and the server
+    #: keeps them (``server["buffers"]``), or, for a method that trains nothing, its evaluation
+    #: starts from the pretrained ones. A method that does not is rejected with such a model at
+    #: load time (:func:`pfl_core.bn_support.check_bn_support`): it would evaluate with statistics
+    #: no client ever computed
+    keeps_bn_state: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, hp: HyperParams):
         check_value_types(type(hp), vars(hp), f"{type(self).__name__}: ")  # types and Literal choices
@@ -162,6 +169,13 @@ class Algorithm(ABC):
         aggregated (FedL2P: rounds since its best round); the federation then evaluates and stops.
         Never by default."""
         return False
+
+    def pretraining_rounds(self) -> int:
+        """Rounds at the start of a run that train another model than the method's own (LG-FedAvg:
+        its FedAvg stage, ``pretrain_rounds``). Evaluations at rounds up to this one score that
+        model, so best-validation selection (the run's metric ``pretraining_rounds``, read by the
+        report) and early stopping skip them. 0 by default."""
+        return 0
 
     def run_info(self, server: ServerState) -> dict:
         """JSON-able facts of a finished run for its record (``run_info.json``), e.g. a choice the

@@ -30,6 +30,7 @@ class FedAvgHyper(LocalSGDHyper, RoundLR, HyperParams):
 @METHODS.register("fedavg")
 class FedAvg(Algorithm):
     hyper_class = FedAvgHyper
+    keeps_bn_state = True
     maskable_streams = ("train",)
     train_streams = ("train",)
 

@@ -154,6 +154,7 @@ class FedL2P(Algorithm):
     """FedL2P on a model with KLD-BN layers (``resnet18_cifar``, ``resnet18_audio``, ``resnet18_imagenet``)."""
 
     hyper_class = FedL2PHyper
+    keeps_bn_state = True
     #: False: each client learns its own lambda (L2P)
     federated: ClassVar[bool] = True
     #: streams augmented per item by ``data.augment`` (the code's Speech Commands train loader,

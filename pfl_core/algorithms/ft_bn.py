@@ -31,6 +31,8 @@ class PretrainedOnly(Algorithm):
     """A stage-2 method that trains nothing federatedly (run it with ``federation.rounds: 0``; a
     round leaves the server as it is). Its whole effect is :meth:`finetune_recipe`."""
 
+    keeps_bn_state = True  # trains nothing: the protocol fine-tunes from the pretrained statistics
+
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
         return {"loss": torch.zeros((), device=next(iter(server["params"].values())).device)}
 

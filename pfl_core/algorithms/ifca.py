@@ -153,6 +153,7 @@ class IFCA(FedAvg):
     """
 
     hyper_class = IFCAHyper
+    keeps_bn_state = False  # cluster models only: FedAvg's BN state is not carried
 
     def init_server(self, params: Params) -> ServerState:
         """Cluster 0 is the run's initial model; cluster j >= 1 is re-drawn with PyTorch's default

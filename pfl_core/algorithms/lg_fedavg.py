@@ -13,6 +13,8 @@ and pFedGP compare with LG-FedAvg on this LeNet); the LG-FedAvg code's own CIFAR
 SGD lr 0.1, one local epoch of batches of 50. After each round the LG-FedAvg code copies the
 averaged global layers into every client's model, which is what starting from the server's
 global part does here; its per-client "best round" selection on test data is not reproduced.
+Best-validation selection (MetaVers' model selection) and early stopping consider only the
+LG-FedAvg evaluations, after round ``pretrain_rounds`` (:meth:`LGFedAvg.pretraining_rounds`).
 """
 from __future__ import annotations
 
@@ -42,14 +44,16 @@ class LGFedAvgHyper(SplitFedAvgHyper):
 
 @METHODS.register("lg_fedavg")
 class LGFedAvg(SplitFedAvg):
-    """Server state: ``params`` and ``round`` (rounds aggregated so far)."""
+    """Server state: ``params``, ``round`` (rounds aggregated so far) and, for a model with BN
+    state, ``buffers`` (averaged like SplitFedAvg's)."""
 
     hyper_class = LGFedAvgHyper
     personal_part = "body"
     trained_part = "all"
 
     def init_server(self, params: Params) -> ServerState:
-        return {"params": params, "round": 0}
+        """The base state (``params``, and ``buffers`` for a model with BN state) and ``round``."""
+        return {**super().init_server(params), "round": 0}
 
     def personal_names(self, server: ServerState) -> list[str]:
         return [] if server["round"] < self.hp.pretrain_rounds else super().personal_names(server)
@@ -57,6 +61,11 @@ class LGFedAvg(SplitFedAvg):
     def aggregate(self, server: ServerState, updates: list[ClientUpdate]) -> ServerState:
         new = super().aggregate(server, updates)
         return {**new, "round": server["round"] + 1}
+
+    def pretraining_rounds(self) -> int:
+        """The FedAvg stage: evaluations up to round ``pretrain_rounds`` (that round's included: no
+        client has a body of its own yet) score the FedAvg model, not LG-FedAvg's."""
+        return self.hp.pretrain_rounds
 
     def run_info(self, server: ServerState) -> dict:
         """Where the FedAvg stage ended: evaluations up to this round scored the FedAvg model."""

@@ -27,6 +27,7 @@ class Local(FedAvg):
     """
 
     hyper_class = LocalHyper
+    keeps_bn_state = False  # its own model per client, no BN state carried
     finetune_at_eval = True
 
     def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:

@@ -173,6 +173,7 @@ class MetaVers(Algorithm):
     margins), ``m_global``, ``global_history`` (Eq. 7), ``rounds`` (aggregated so far)."""
 
     hyper_class = MetaVersHyper
+    keeps_bn_state = True
     eval_batched_fallback = ("prototype logits need each client's train split, read on the host "
                              "(the proto protocol evaluates MetaVers batched)")
 

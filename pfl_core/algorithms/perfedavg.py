@@ -126,6 +126,7 @@ def state_hessian_vector_product(model: nn.Module, params: Params, buffers: Buff
 @METHODS.register("perfedavg")
 class PerFedAvg(Algorithm):
     hyper_class = PerFedAvgHyper
+    keeps_bn_state = True
     finetune_at_eval = True
     train_streams = ("b1", "b2", "b3")
 

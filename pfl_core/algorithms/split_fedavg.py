@@ -37,6 +37,7 @@ class SplitFedAvg(Algorithm):
     ``personal`` (the personal part's parameters, once the client has trained)."""
 
     hyper_class = SplitFedAvgHyper
+    keeps_bn_state = True
     maskable_streams = ("train",)
     train_streams = ("train",)
     personal_part: ClassVar[Literal["none", "head", "body"]] = "none"

@@ -51,6 +51,8 @@ class FinetunePretrained(Protocol):
     """Module docstring. Its batches come from ``self.seed`` (the run's evaluation seed) and each
     client's id."""
 
+    bn_mode = "recipe"
+
     @property
     def test_split(self) -> str:
         return "val" if self.target == "validation" else self.cfg.split

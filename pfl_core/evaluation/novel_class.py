@@ -111,6 +111,8 @@ class NovelClassEval(Protocol):
     """Table 6's protocol (module docstring). :func:`pfl_core.experiment.prepare_run` hands it the
     novel-class splits (:meth:`bind`); only the validation split when tuning."""
 
+    bn_mode = "eval"
+
     seed = 0
     """Set per run (the evaluation stream of the run seed) by :func:`pfl_core.experiment.prepare_run`."""
 

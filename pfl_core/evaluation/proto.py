@@ -110,6 +110,8 @@ class ProtoEval(Protocol):
     """``proto_eval`` on the training clients (module docstring): their val and test splits
     (``val`` only when tuning: ``target="validation"``)."""
 
+    bn_mode = "eval"
+
     def __init__(self, cfg: EvalConfig, target: str = "test"):
         super().__init__(cfg, target)
         self.splits = ["val"] if target == "validation" else [cfg.val_split, "test"] if cfg.val_split else ["test"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pfl_core.data.federated import FederatedData
 from pfl_core.engine.contract import ClientContext, ClientProgram, ServerState
@@ -24,6 +24,14 @@ class Protocol:
     ``target="validation"`` is for tuning: it evaluates validation clients or ``val`` splits and
     never reads a test client or a test split.
     """
+
+    bn_mode: ClassVar[str] = "train"
+    """How a model with BatchNorm running statistics (KLD-BN) is evaluated: ``train``, the module as
+    built, each test batch normalised with its own statistics (the running statistics are not
+    read: ``seen`` and ``unseen``; a FedL2P stage-1 run's accuracies are such); ``eval``, with the
+    running statistics (``proto``, ``novel_class``); ``recipe``, as each method's fine-tuning recipe
+    says (``finetune_pretrained``: ``FinetuneRecipe.test_mode``). Runs record it
+    (:func:`pfl_core.bn_support.evaluation_bn_mode`; run info and tag ``bn_evaluation``)."""
 
     seed: int = 0
     """The run's evaluation seed (stream ``evaluation``), set by :func:`pfl_core.experiment.prepare_run`,

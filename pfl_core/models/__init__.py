@@ -20,6 +20,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, **par
     return MODELS.get(name)(tuple(input_shape), num_classes, **params)
 
 
+def model_keeps_bn_state(name: str) -> bool:
+    """Whether registered model ``name`` keeps BatchNorm running statistics (KLD-BN layers; its
+    builder is marked with :func:`pfl_core.models.kld_bn.keeps_bn_state`), known without building it."""
+    return bool(getattr(MODELS.get(name), "keeps_bn_state", False))
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from pfl_core.models import MODELS
-from pfl_core.models.kld_bn import KLDBatchNorm2d
+from pfl_core.models.kld_bn import KLDBatchNorm2d, keeps_bn_state
 from pfl_core.models.pooling import relu_then_pool
 
 WIDTH = 64
@@ -66,6 +66,7 @@ def _check_input(name: str, input_shape: tuple[int, ...], pooled: int) -> None:
 
 
 @MODELS.register("conv4")
+@keeps_bn_state
 def conv4(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """learn2learn CNN4 backbone (MetaVers ``Convnet``): 256-d on 32x32, 1600-d on 84x84."""
     _check_input("conv4", input_shape, 4)
@@ -73,6 +74,7 @@ def conv4(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
 
 
 @MODELS.register("conv4_frl")
+@keeps_bn_state
 def conv4_frl(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """MetaVers ``conv4_FRL``: pooling after blocks 1 and 2 only; 4096-d on 32x32."""
     _check_input("conv4_frl", input_shape, 2)

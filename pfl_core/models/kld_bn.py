@@ -85,6 +85,14 @@ def has_bn_state(model: nn.Module) -> bool:
     return any(isinstance(m, KLDBatchNorm2d) for m in model.modules())
 
 
+def keeps_bn_state(builder):
+    """Mark a registered model builder whose models have KLD-BN layers (:func:`has_bn_state`), so
+    that a configuration can be checked before any model is built
+    (:func:`pfl_core.models.model_keeps_bn_state`; tested against the built models)."""
+    builder.keeps_bn_state = True
+    return builder
+
+
 @contextmanager
 def bn_mode(model: nn.Module, mode: BNMode) -> Iterator[nn.Module]:
     """Put ``model`` in ``train``, ``eval`` or ``init`` mode (eval with the pretrained statistics

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pfl_core.models import MODELS
-from pfl_core.models.kld_bn import KLDBatchNorm2d
+from pfl_core.models.kld_bn import KLDBatchNorm2d, keeps_bn_state
 from pfl_core.models.pooling import MaxPool2d
 
 
@@ -89,6 +89,7 @@ def _check(name: str, input_shape: tuple[int, ...], channels: int, width: int) -
 
 
 @MODELS.register("resnet18_cifar")
+@keeps_bn_state
 def resnet18_cifar(input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> nn.Module:
     """CIFAR-10 / CIFAR-10-C: 3x3 stem, stride 1, no maxpool."""
     _check("resnet18_cifar", input_shape, 3, width)
@@ -96,6 +97,7 @@ def resnet18_cifar(input_shape: tuple[int, ...], num_classes: int, width: int = 
 
 
 @MODELS.register("resnet18_audio")
+@keeps_bn_state
 def resnet18_audio(input_shape: tuple[int, ...], num_classes: int, width: int = 64) -> nn.Module:
     """Speech Commands (1-channel 224x224 fbank images): 7x7 stride-2 stem, no maxpool."""
     _check("resnet18_audio", input_shape, 1, width)
@@ -103,6 +105,7 @@ def resnet18_audio(input_shape: tuple[int, ...], num_classes: int, width: int = 
 
 
 @MODELS.register("resnet18_imagenet")
+@keeps_bn_state
 def resnet18_imagenet(input_shape: tuple[int, ...], num_classes: int, width: int = 64,
                       weights: Literal["none", "imagenet"] = "none") -> nn.Module:
     """Office-Caltech-10 / DomainNet: torchvision's ImageNet stem (7x7 stride 2, maxpool 3x3 stride 2).

@@ -1,0 +1,44 @@
+"""The committed snapshots (``reports/reproduced/``) stay the runs of their suites (issue 28 item 9,
+the ``CONFIG_VERSION`` decision, docs/suites.md): every run of a snapshot is a run of its suite's
+current expansion, by config hash, cell and profile. A bumped ``CONFIG_VERSION``, or a suite edit
+that changes what a snapshot's cells compute, fails here until the snapshot is recomputed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.suite import config_hash, load_suite
+from pfl_core.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPSHOTS = sorted((ROOT / "reports" / "reproduced").glob("*/*.snapshot.json"))
+
+
+def test_there_is_a_committed_snapshot_to_check():
+    assert SNAPSHOTS, "reports/reproduced/ holds no snapshot"
+
+
+@pytest.mark.parametrize("path", SNAPSHOTS, ids=lambda p: p.name)
+def test_every_run_of_a_committed_snapshot_is_a_run_of_its_suite_today(path):
+    snapshot = json.loads(path.read_text())
+    suite = load_suite(ROOT / "suites" / f"{snapshot['suite']}.yaml")
+    current = {spec.config_hash: spec for profile in suite.profiles for spec in suite.expand(profile)}
+    runs = [run for run in snapshot["runs"] if run["status"] == "FINISHED"]
+    assert runs
+    stale = [(run["tags"]["cell"], run["tags"]["seed"]) for run in runs if run["tags"]["config_hash"] not in current]
+    assert not stale, (f"{path.name}: {len(stale)} run(s) no longer match {snapshot['suite']} (e.g. {stale[:3]}): "
+                       "a CONFIG_VERSION bump or a suite edit changed their hashes; recompute and export again")
+    for run in runs:
+        spec = current[run["tags"]["config_hash"]]
+        assert (spec.cell_id, str(spec.seed)) == (run["tags"]["cell"], run["tags"]["seed"])
+
+
+def test_a_method_default_written_in_a_suite_moves_the_hash():
+    """What the decision relies on instead of a bump: method parameters are hashed as written, so a
+    suite that states a changed default (pFedMe's predictor and theta_start, L2SGD's variant, the
+    CGPFL suites since 45e1ba8) no longer matches runs stored without it."""
+    bare = RunConfig.from_dict({"method": {"name": "pfedme"}}).to_dict()
+    stated = RunConfig.from_dict({"method": {"name": "pfedme", "params": {"predictor": "local"}}}).to_dict()
+    assert config_hash(bare) != config_hash(stated)
