@@ -66,9 +66,11 @@ def write_report(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir
     return done.md, done.csv, done.report.table
 
 
-def paper_suites(paper: str, suites_dir: Path = Path("suites")) -> list[Path]:
-    """Every suite file of ``suites/<paper>/`` (sorted)."""
-    return sorted((Path(suites_dir) / paper).glob("*.yaml"))
+def paper_suites(paper: str, suites_dir: Path | None = None) -> list[Path]:
+    """Every suite file of ``<suites_dir>/<paper>/`` (sorted; default: the packaged suites)."""
+    from benchmarks.packaged_suites import suites_dir as packaged
+
+    return sorted((Path(suites_dir or packaged()) / paper).glob("*.yaml"))
 
 
 def render_paper(paper: str, suites: list[Suite], tracker: Tracker, profile: str = "paper",
