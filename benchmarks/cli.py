@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import __version__
-from benchmarks.packaged_suites import suite_names, suites_dir
+from benchmarks.packaged_suites import suite_folders, suite_names, suites_dir
 from benchmarks.suite import load_suite, parse_only
 from benchmarks.suite_schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
@@ -157,12 +157,13 @@ def cmd_report(args, rendered: list | None = None) -> int:
     snapshot = None
     if getattr(args, "from_snapshot", None):
         snapshot = SnapshotTracker.load(Path(args.from_snapshot))
-        paths = paths or [str(suites_dir() / f"{snapshot.suite_key}.yaml")]
+        files = [f / f"{snapshot.suite_key}.yaml" for f in suite_folders()]
+        paths = paths or [str(next((f for f in files if f.is_file()), snapshot.suite_key))]
     if getattr(args, "paper", None):
-        found = paper_suites(args.paper, suites_dir())
+        found = paper_suites(args.paper)
         if not found:
-            raise SuiteError(f"--paper {args.paper}: no packaged suite {args.paper}/<name> (under "
-                             f"{suites_dir()}); `pflbench list suites` lists them")
+            raise SuiteError(f"--paper {args.paper}: no suite file under suites/{args.paper}/ here nor a packaged "
+                             f"suite {args.paper}/<name>; `pflbench list suites` lists them")
         paths += [str(p) for p in found]
     if not paths:
         raise SuiteError("report: name suite files or --paper PAPER")
@@ -381,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     report.add_argument("suites", nargs="*", help="suite files or packaged suite names (their paper's PDF "
                                                   "covers the suites of the file's folder)")
-    report.add_argument("--paper", default=None, help="every packaged suite PAPER/<name> (pflbench list suites)")
+    report.add_argument("--paper", default=None, help="every suite of suites/PAPER/*.yaml in the current directory, "
+                                                      "else every packaged suite PAPER/<name> (pflbench list suites)")
     store_args(report)
     report.add_argument("--out", default="reports", help="output folder (default reports/)")
     report.add_argument("--beside-snapshot", action="append", metavar="FILE",

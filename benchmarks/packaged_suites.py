@@ -3,7 +3,8 @@
 The suite files live in the repository's ``suites/<paper>/<name>.yaml``; ``benchmarks/suites`` is a
 link to that folder, so a checkout, an editable install and a built wheel (where setuptools copies
 the files themselves, ``package-data`` in pyproject.toml) all read the same files from
-:func:`suites_dir`. A suite argument is a path when that file exists, else a short name.
+:func:`suites_dir`. A suite argument is a path when that file exists, else a short name; ``report --paper`` reads a
+``suites/`` folder in the current directory first (:func:`suite_folders`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ from benchmarks.suite_schema import SuiteError
 SHORT_NAME = re.compile(r"(?P<paper>[\w-]+)/(?P<name>[\w-]+)(\.yaml)?")
 """A short name: ``paper/name``, optionally with the ``.yaml`` suffix."""
 LIST_HINT = "`pflbench list suites` lists the packaged names"
+
+
+def suite_folders() -> list[Path]:
+    """Where ``report --paper`` and a snapshot look for a paper's suite files, first match wins: a
+    ``suites/`` folder in the current directory (a checkout's root, or one's own suites), then the
+    packaged suites."""
+    return [Path("suites"), suites_dir()]
 
 
 def suites_dir() -> Path:
