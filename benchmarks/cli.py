@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import __version__
-from benchmarks.packaged_suites import suite_folders, suite_names, suites_dir
+from benchmarks.packaged_suites import suite_file, suite_names, suites_dir
 from benchmarks.suite import load_suite, parse_only
 from benchmarks.suite_schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
@@ -157,8 +157,7 @@ def cmd_report(args, rendered: list | None = None) -> int:
     snapshot = None
     if getattr(args, "from_snapshot", None):
         snapshot = SnapshotTracker.load(Path(args.from_snapshot))
-        files = [f / f"{snapshot.suite_key}.yaml" for f in suite_folders()]
-        paths = paths or [str(next((f for f in files if f.is_file()), snapshot.suite_key))]
+        paths = paths or [str(suite_file(snapshot.suite_key))]
     if getattr(args, "paper", None):
         found = paper_suites(args.paper)
         if not found:
@@ -202,12 +201,6 @@ def _render(args, papers: dict[str, list], named: list, tracker, rendered: list 
     return 0
 
 
-def suite_of_key(key: str) -> Path:
-    """The suite file of ``<paper>/<name>``: under ./suites, else the one shipped with this code."""
-    local = SUITES_DIR / f"{key}.yaml"
-    return local if local.is_file() else Path(__file__).resolve().parents[1] / "suites" / f"{key}.yaml"
-
-
 def beside_snapshots(files: list[str]) -> tuple[list, str]:
     """(suite, snapshot) pairs of committed snapshots to render beside a report, and page 1's note
     saying which tables are which."""
@@ -216,7 +209,7 @@ def beside_snapshots(files: list[str]) -> tuple[list, str]:
     pairs = []
     for file in files:
         snapshot = SnapshotTracker.load(Path(file))
-        pairs.append((load_suite(suite_of_key(snapshot.suite_key)), snapshot))
+        pairs.append((load_suite(suite_file(snapshot.suite_key)), snapshot))
     notes = [snapshot_note(t, Path(f)) for (_, t), f in zip(pairs, files)]
     if notes:
         notes.append("Every other table was computed just now by this command; its own notice says what it is.")

@@ -3,8 +3,9 @@
 The suite files live in the repository's ``suites/<paper>/<name>.yaml``; ``benchmarks/suites`` is a
 link to that folder, so a checkout, an editable install and a built wheel (where setuptools copies
 the files themselves, ``package-data`` in pyproject.toml) all read the same files from
-:func:`suites_dir`. A suite argument is a path when that file exists, else a short name; ``report --paper`` reads a
-``suites/`` folder in the current directory first (:func:`suite_folders`).
+:func:`suites_dir`. A suite argument is a path when that file exists, else a short name;
+``report --paper`` and a snapshot's suite read a ``suites/`` folder in the current directory first
+(:func:`suite_folders`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,15 @@ def suite_folders() -> list[Path]:
     ``suites/`` folder in the current directory (a checkout's root, or one's own suites), then the
     packaged suites."""
     return [Path("suites"), suites_dir()]
+
+
+def suite_file(key: str) -> Path:
+    """The suite file of ``<paper>/<name>`` (a snapshot's suite): the first of :func:`suite_folders`
+    that holds it; :class:`SuiteError` when none does."""
+    for folder in suite_folders():
+        if (folder / f"{key}.yaml").is_file():
+            return folder / f"{key}.yaml"
+    raise SuiteError(f"suite {key}: no suites/{key}.yaml here and no packaged suite of that name; {LIST_HINT}")
 
 
 def suites_dir() -> Path:

@@ -19,7 +19,8 @@ import pytest
 import benchmarks
 from benchmarks.cli import main
 from benchmarks.experiment_owner import suite_file_id
-from benchmarks.packaged_suites import resolve_suite, suite_names, suites_dir
+from benchmarks.packaged_suites import resolve_suite, suite_file, suite_names, suites_dir
+from benchmarks.reporting import paper_suites
 from benchmarks.suite_schema import SuiteError
 from conftest import REPO_ROOT, tiny_suite_dict, write_suite
 
@@ -56,6 +57,19 @@ def test_short_names_resolve_to_the_packaged_files_and_a_path_still_wins(tmp_pat
     assert resolve_suite(str(local)) == local
     assert resolve_suite("demo/offline") == suites_dir() / "demo" / "offline.yaml"
     assert suite_file_id(Path("/venv/site-packages/benchmarks/suites/demo/offline.yaml")) == "suites/demo/offline.yaml"
+
+
+def test_a_papers_suites_and_a_snapshots_suite_come_from_here_first_then_from_the_package(tmp_path):
+    """``report --paper`` and ``--from-snapshot``/``--beside-snapshot``: ./suites when it has the
+    paper's files (a checkout's root, one's own suites), else the packaged ones."""
+    assert paper_suites("demo") == [suites_dir() / "demo" / "offline.yaml"]  # cwd: tmp_path, no suites/
+    assert suite_file("cgpfl/table1") == suites_dir() / "cgpfl" / "table1.yaml"
+    write_suite(tmp_path / "suites" / "demo" / "mine.yaml", tiny_suite_dict())
+    assert paper_suites("demo") == [Path("suites/demo/mine.yaml")]
+    assert suite_file("demo/mine") == Path("suites/demo/mine.yaml")
+    assert suite_file("demo/offline") == suites_dir() / "demo" / "offline.yaml"
+    with pytest.raises(SuiteError, match="pflbench list suites"):
+        suite_file("demo/nope")
 
 
 @pytest.mark.parametrize("name", ["cafeme/tabel1", "nope", "demo/offline/x", "../suites/demo/offline"])
