@@ -73,6 +73,12 @@ gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into r
 docs: $(STAMP) ## Build the documentation site into site/ (mkdocs build --strict: warnings are errors)
 	$(BIN)/mkdocs build --strict --site-dir site
 
+# The fresh environment borrows the third-party packages of $(VENV) (torch alone is gigabytes from PyPI);
+# it holds the wheel only, and the script checks that nothing is imported from the checkout (.ci/wheel-smoke).
+.PHONY: wheel-smoke
+wheel-smoke: $(STAMP) ## Build the sdist and wheel, install the wheel in a fresh venv, run demo/offline (smoke) outside the checkout
+	.ci/wheel-smoke $(BIN)/python
+
 list: $(STAMP) ## List registered methods, datasets, models, partitioners and suites
 	@for what in methods datasets models partitioners protocols suites; do \
 		echo "== $$what"; $(PFLBENCH) list $$what; done

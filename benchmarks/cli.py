@@ -8,11 +8,14 @@ import shlex
 import sys
 from pathlib import Path
 
+from benchmarks import __version__
+from benchmarks.packaged_suites import suite_file, suite_names, suites_dir
 from benchmarks.suite import load_suite, parse_only
 from benchmarks.suite_schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
 
-SUITES_DIR = Path("suites")
+SUITE_HELP = ("a packaged suite's name, e.g. demo/offline (pflbench list suites), or the path of a suite "
+              "file, e.g. suites/demo/offline.yaml")
 DEFAULT_CHECKPOINT_EVERY = 50
 """Rounds between checkpoints of a run (``--checkpoint-every``): a paper run of 1000-2000 rounds
 killed mid-way loses at most 50 rounds; runs shorter than that never write one."""
@@ -154,11 +157,12 @@ def cmd_report(args, rendered: list | None = None) -> int:
     snapshot = None
     if getattr(args, "from_snapshot", None):
         snapshot = SnapshotTracker.load(Path(args.from_snapshot))
-        paths = paths or [str(SUITES_DIR / f"{snapshot.suite_key}.yaml")]
+        paths = paths or [str(suite_file(snapshot.suite_key))]
     if getattr(args, "paper", None):
-        found = paper_suites(args.paper, SUITES_DIR)
+        found = paper_suites(args.paper)
         if not found:
-            raise SuiteError(f"--paper {args.paper}: no suite file under {SUITES_DIR / args.paper}/*.yaml")
+            raise SuiteError(f"--paper {args.paper}: no suite file under suites/{args.paper}/ here nor a packaged "
+                             f"suite {args.paper}/<name>; `pflbench list suites` lists them")
         paths += [str(p) for p in found]
     if not paths:
         raise SuiteError("report: name suite files or --paper PAPER")
@@ -197,12 +201,6 @@ def _render(args, papers: dict[str, list], named: list, tracker, rendered: list 
     return 0
 
 
-def suite_of_key(key: str) -> Path:
-    """The suite file of ``<paper>/<name>``: under ./suites, else the one shipped with this code."""
-    local = SUITES_DIR / f"{key}.yaml"
-    return local if local.is_file() else Path(__file__).resolve().parents[1] / "suites" / f"{key}.yaml"
-
-
 def beside_snapshots(files: list[str]) -> tuple[list, str]:
     """(suite, snapshot) pairs of committed snapshots to render beside a report, and page 1's note
     saying which tables are which."""
@@ -211,7 +209,7 @@ def beside_snapshots(files: list[str]) -> tuple[list, str]:
     pairs = []
     for file in files:
         snapshot = SnapshotTracker.load(Path(file))
-        pairs.append((load_suite(suite_of_key(snapshot.suite_key)), snapshot))
+        pairs.append((load_suite(suite_file(snapshot.suite_key)), snapshot))
     notes = [snapshot_note(t, Path(f)) for (_, t), f in zip(pairs, files)]
     if notes:
         notes.append("Every other table was computed just now by this command; its own notice says what it is.")
@@ -270,8 +268,7 @@ def cmd_list(args) -> int:
     registries = {"methods": METHODS, "datasets": DATASETS, "models": MODELS,
                   "partitioners": PARTITIONERS, "protocols": PROTOCOLS}
     if args.what == "suites":
-        for path in sorted(SUITES_DIR.glob("*/*.yaml")):
-            print(path)
+        list_suites()
     else:
         for name in registries[args.what].names():
             doc = (registries[args.what].get(name).__doc__ or "").strip().splitlines()
@@ -279,8 +276,19 @@ def cmd_list(args) -> int:
     return 0
 
 
+def list_suites() -> None:
+    """One line per packaged suite: its short name (what ``pflbench run`` takes), title and profiles."""
+    import yaml
+
+    for name in suite_names():
+        raw = yaml.safe_load((suites_dir() / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+        profiles = ", ".join(["paper", *(p for p in raw.get("profiles") or {} if p != "paper")])
+        print(f"{name:20s} {raw.get('table', '')} (profiles: {profiles})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pflbench", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def executor_args(p, jobs_help):
@@ -306,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--profile", default="paper", help="paper (default), quick, smoke, ...")
 
     run = sub.add_parser("run", help="run every cell x seed of a suite, skipping finished runs")
-    run.add_argument("suite", help="path of a suite file, e.g. suites/demo/offline.yaml")
+    run.add_argument("suite", help=SUITE_HELP)
     store_args(run)
     run.add_argument("--seeds", type=int, nargs="+", default=None, help="override the profile's seeds")
     run.add_argument("--only", action="append", metavar="AXIS=LABEL[,LABEL]",
@@ -365,8 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="render tables (Markdown, LaTeX, CSV), figures and the "
                                            "paper's PDF from the MLflow store", epilog=REPORT_HELP,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    report.add_argument("suites", nargs="*", help="suite files (their paper's PDF covers the paper's folder)")
-    report.add_argument("--paper", default=None, help=f"every suite of {SUITES_DIR}/PAPER/*.yaml")
+    report.add_argument("suites", nargs="*", help="suite files or packaged suite names (their paper's PDF "
+                                                  "covers the suites of the file's folder)")
+    report.add_argument("--paper", default=None, help="every suite of suites/PAPER/*.yaml in the current directory, "
+                                                      "else every packaged suite PAPER/<name> (pflbench list suites)")
     store_args(report)
     report.add_argument("--out", default="reports", help="output folder (default reports/)")
     report.add_argument("--beside-snapshot", action="append", metavar="FILE",
@@ -379,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     snap = sub.add_parser("snapshot", help="export a suite's finished runs from the store to one JSON file that "
                                            "`pflbench report --from-snapshot` renders without the store")
-    snap.add_argument("suite", help="path of a suite file")
+    snap.add_argument("suite", help=SUITE_HELP)
     store_args(snap)
     snap.add_argument("--out", required=True, help="the snapshot file, e.g. reports/reproduced/cgpfl/table1.snapshot.json")
     snap.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
@@ -388,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="Optuna studies of a suite's methods on validation data; the best "
                                        "parameters go to <suite>.tuned.yml")
-    tune.add_argument("suite", help="path of a suite file, e.g. suites/demo/offline.yaml")
+    tune.add_argument("suite", help=SUITE_HELP)
     store_args(tune)
     tune.add_argument("--method", action="append", metavar="M",
                       help="method name or method-axis label (repeatable); 'all' = every method; default: the "
@@ -424,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(check)
     check.set_defaults(func=cmd_gpu_check)
 
-    lst = sub.add_parser("list", help="list registered components or suite files")
+    lst = sub.add_parser("list", help="list registered components or the packaged suites")
     lst.add_argument("what", choices=["methods", "datasets", "models", "partitioners", "protocols", "suites"])
     lst.set_defaults(func=cmd_list)
     return parser

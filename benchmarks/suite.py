@@ -71,6 +71,7 @@ from benchmarks.suite_schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISH
                                      check_keys, check_label, check_marks, check_metric, check_overrides,
                                      check_placeholders, check_published_numbers, check_seeds, check_source,
                                      leaves, matches, substitute_seed, validate_config)
+from benchmarks.packaged_suites import resolve_suite
 from benchmarks.tuned_values import check_tuned, read_tuned, tuned_spec
 
 
@@ -356,10 +357,9 @@ def _parse_axis(raw: Any, where: str) -> Axis:
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; every run of every profile is checked before returning."""
-    path = Path(path)
-    if not path.exists():
-        raise SuiteError(f"suite file {path} does not exist (see `pflbench list suites`)")
+    """Read and validate a suite file (a path, or a packaged suite's ``<paper>/<name>``); every run
+    of every profile is checked before returning."""
+    path = resolve_suite(path)
     try:
         raw = read_yaml(path)
     except YamlFileError as err:

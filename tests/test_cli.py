@@ -104,16 +104,19 @@ def test_list_registered_names(what, capsys):
     assert names
 
 
-def test_list_suites(tmp_path, monkeypatch, capsys):
-    write_suite(tmp_path / "suites" / "b" / "two.yaml", tiny_suite_dict())
+def test_list_suites_names_the_packaged_suites_wherever_it_runs(tmp_path, monkeypatch, capsys):
+    """``list suites``: one line per packaged suite, its short name first, whatever the current
+    directory holds (a ``suites/`` folder there is not the package's)."""
     write_suite(tmp_path / "suites" / "a" / "one.yaml", tiny_suite_dict())
-    assert main(["list", "suites"]) == 0
-    assert capsys.readouterr().out.split() == ["suites/a/one.yaml", "suites/b/two.yaml"]
-    monkeypatch.chdir(REPO_ROOT)  # read-only: `list suites` touches no store
-    assert main(["list", "suites"]) == 0
-    listed = capsys.readouterr().out.split()
-    assert listed == sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "suites").glob("*/*.yaml"))
-    assert "suites/demo/offline.yaml" in listed
+    packaged = sorted(p.relative_to(REPO_ROOT / "suites").with_suffix("").as_posix()
+                      for p in (REPO_ROOT / "suites").glob("*/*.yaml"))
+    for cwd in (tmp_path, REPO_ROOT):  # read-only: `list suites` touches no store
+        monkeypatch.chdir(cwd)
+        assert main(["list", "suites"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split()[0] for line in lines] == packaged
+    demo = next(line for line in lines if line.startswith("demo/offline "))
+    assert "Offline demo" in demo and "profiles: paper, smoke" in demo
 
 
 def test_misspelled_method_exits_2_and_runs_nothing(tmp_path, uri, capsys):

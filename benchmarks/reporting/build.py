@@ -66,9 +66,16 @@ def write_report(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir
     return done.md, done.csv, done.report.table
 
 
-def paper_suites(paper: str, suites_dir: Path = Path("suites")) -> list[Path]:
-    """Every suite file of ``suites/<paper>/`` (sorted)."""
-    return sorted((Path(suites_dir) / paper).glob("*.yaml"))
+def paper_suites(paper: str, suites_dir: Path | None = None) -> list[Path]:
+    """Every suite file of ``<suites_dir>/<paper>/`` (sorted); by default of the first folder of
+    :func:`benchmarks.packaged_suites.suite_folders` that has any (./suites, then the packaged)."""
+    from benchmarks.packaged_suites import suite_folders
+
+    for folder in [Path(suites_dir)] if suites_dir else suite_folders():
+        found = sorted((folder / paper).glob("*.yaml"))
+        if found:
+            return found
+    return []
 
 
 def render_paper(paper: str, suites: list[Suite], tracker: Tracker, profile: str = "paper",
