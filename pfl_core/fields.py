@@ -181,10 +181,39 @@ def check_call_values(fn, values: dict, where: str, what: str) -> dict:
     return check_values(typing.get_type_hints(fn, include_extras=True), values, where, defaults)
 
 
+def check_choices(obj) -> None:
+    """Every ``Literal``-typed field of dataclass instance ``obj`` holds one of its choices (the one
+    way a choice field is declared: ``name: Literal["a", "b"] = "a"``)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        hint = hints.get(f.name)
+        if typing.get_origin(hint) is typing.Literal and getattr(obj, f.name) not in typing.get_args(hint):
+            raise ConfigError(f"{f.name} must be one of {list(typing.get_args(hint))}, got {getattr(obj, f.name)!r}")
+
+
 @dataclass
 class HyperParams:
     """Base class of every method's (and protocol's) hyperparameters: a dataclass whose fields are
-    checked by name, type, ``Literal`` choice and declared :class:`Range` when built."""
+    checked by name, type, ``Literal`` choice and declared :class:`Range` when built.
+
+    Choice fields are declared one way, as ``Literal``; they are checked by :meth:`from_dict` and,
+    for an instance built directly, before the ``__post_init__`` the class uses runs (its own or a
+    mixin's, wrapped in by ``__init_subclass__``, so those checks may rely on valid choices)."""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+    __post_init__.checks_choices = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__post_init__  # the class's own, or a mixin's earlier in the MRO
+        if not getattr(own, "checks_choices", False):
+            def __post_init__(self, _own=own) -> None:
+                check_choices(self)
+                _own(self)
+            __post_init__.checks_choices = True
+            cls.__post_init__ = __post_init__
 
     @classmethod
     def from_dict(cls, values: dict, where: str = "", path: str | None = None) -> "HyperParams":

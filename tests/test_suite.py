@@ -41,8 +41,10 @@ def test_demo_suite_loads_and_expands():
     assert len(paper) == n_cells(raw) * len(raw["seeds"])
     assert len(smoke) == n_cells(raw) * len(raw["profiles"]["smoke"]["seeds"])
     smoke_set = raw["profiles"]["smoke"]["set"]
-    for spec in paper:
-        assert spec.config["federation"]["rounds"] == raw["base"]["federation"]["rounds"]
+    settings = {v["label"]: v["set"] for v in raw["grid"][0]["values"]}
+    for spec in paper:  # a setting's own round count, else the base's
+        expected = settings[spec.cell["setting"]].get("federation.rounds", raw["base"]["federation"]["rounds"])
+        assert spec.config["federation"]["rounds"] == expected
     for spec in smoke:
         assert spec.config["federation"]["rounds"] == smoke_set["federation.rounds"]
         assert spec.config["evaluation"]["params"]["steps"] == smoke_set["evaluation.params.steps"]

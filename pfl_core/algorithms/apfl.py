@@ -31,7 +31,7 @@ keep the adaptive default and offer the fixed-alpha reading as the ``ditto_code_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 
@@ -56,14 +56,12 @@ class APFLHyper(HyperParams):
     """Update alpha_i by its gradient (APFL's adaptive variant); False keeps alpha_init."""
     alpha_lr: NonNegativeFloat = 0.0
     """Step size of the alpha update; 0 = ``lr`` (APFL Algorithm 1 uses the same eta)."""
-    mix_with: str = "global"
+    mix_with: Literal["global", "local"] = "global"
     """Which w the personalized model mixes at evaluation: ``global`` (server w) or ``local`` (w_i)."""
     weighting: Weighting = "samples"
     """Server average of w_i: ``samples`` (n_i weights) or ``uniform``."""
 
     def __post_init__(self) -> None:
-        if self.mix_with not in ("global", "local"):
-            raise ValueError(f"mix_with must be 'global' or 'local', got {self.mix_with!r}")
         if not 0 <= self.alpha_init <= 1:
             raise ValueError(f"alpha_init must be in [0, 1], got {self.alpha_init}")
         if self.local_steps < 1:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -60,8 +60,6 @@ from pfl_core.algorithms.pfedme import ProxHyper, ProxProgram, mix, personal_pre
 from pfl_core.fields import PositiveInt, Tune
 from pfl_core.training import Params, average_params, clone_params
 
-OMEGA_UPDATES = ("pfedme_equivalent", "paper_literal")
-ALIGNMENTS = ("hungarian", "none")
 
 
 @dataclass
@@ -74,7 +72,7 @@ class CGPFLHyper(ProxHyper):
     """K, the number of context models (CGPFL Table 1: CGPFL (K = 4))."""
     alpha: float = 1.0
     """alpha, the server step of Algorithm 1 line 14 (Table 1 caption: 1; alpha = 1 -> centroids)."""
-    omega_update: str = "pfedme_equivalent"
+    omega_update: Literal["pfedme_equivalent", "paper_literal"] = "pfedme_equivalent"
     """``pfedme_equivalent`` (a harness choice: omega <- omega - lr*lam*(omega - theta)) or
     ``paper_literal`` (omega <- omega - lr*(2/N)*(omega - theta), Algorithm 1 line 10 as printed)."""
     literal_n: int = 40
@@ -85,15 +83,11 @@ class CGPFLHyper(ProxHyper):
     """k-means++ restarts (a harness choice, scikit-learn KMeans semantics)."""
     kmeans_max_iter: int = 300
     """Maximum Lloyd iterations per restart (a harness choice)."""
-    cluster_alignment: str = "hungarian"
+    cluster_alignment: Literal["hungarian", "none"] = "hungarian"
     """``hungarian``: match new clusters to the old centres before the alpha-step; ``none``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.omega_update not in OMEGA_UPDATES:
-            raise ValueError(f"omega_update must be one of {OMEGA_UPDATES}, got {self.omega_update!r}")
-        if self.cluster_alignment not in ALIGNMENTS:
-            raise ValueError(f"cluster_alignment must be one of {ALIGNMENTS}, got {self.cluster_alignment!r}")
         if self.num_clusters < 1:
             raise ValueError(f"num_clusters must be >= 1, got {self.num_clusters}")
         if not 0 < self.alpha <= 1:

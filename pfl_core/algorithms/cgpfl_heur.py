@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 
@@ -29,8 +29,6 @@ from pfl_core.engine.contract import ServerState
 from pfl_core.algorithms.cgpfl import CGPFL, CGPFLHyper, KMeansFit, kmeans_labels, weighted_cost
 from pfl_core.fields import PositiveInt, Tune
 
-PENALTIES = ("kd", "sqrt_kd")
-MU_SCALES = ("absolute", "relative")
 
 
 @dataclass
@@ -41,11 +39,11 @@ class CGPFLHeurHyper(CGPFLHyper):
     """Unused: K is chosen by expression (11); redeclared without CGPFL's tuning range."""
     mu: Annotated[float, Tune(0.1, 100.0, log=True, order=3)] | None = None
     """mu of expression (11), required ("an appropriate mu", paper Section 5.3; not published)."""
-    mu_scale: str = "relative"
+    mu_scale: Literal["absolute", "relative"] = "relative"
     """``absolute``: (11) uses mu as given. ``relative`` (harness default): mu_abs =
     mu * penalty(1) / cost(1), so mu is the ratio mu_abs*cost(1)/penalty(1) that the
     log-spaced grid (suites/cgpfl/fig3.yaml) 1e-3..1e3 spans, comparable across datasets and models."""
-    penalty: str = "kd"
+    penalty: Literal["kd", "sqrt_kd"] = "kd"
     """The K-dependent complexity term of (11), lost in the paper's text: ``kd`` = K*d (harness
     choice) or ``sqrt_kd`` = sqrt(K*d); d = number of model parameters."""
     max_clusters: int = 0
@@ -56,10 +54,6 @@ class CGPFLHeurHyper(CGPFLHyper):
         if self.mu is None or not self.mu > 0:
             raise ValueError("cgpfl_heur needs method.params.mu > 0 (expression (11)'s mu; "
                              "the paper does not publish it)")
-        if self.mu_scale not in MU_SCALES:
-            raise ValueError(f"mu_scale must be one of {MU_SCALES}, got {self.mu_scale!r}")
-        if self.penalty not in PENALTIES:
-            raise ValueError(f"penalty must be one of {PENALTIES}, got {self.penalty!r}")
 
 
 def penalty_term(kind: str, k: int, d: int) -> float:

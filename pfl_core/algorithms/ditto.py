@@ -50,7 +50,7 @@ class DittoHyper(HyperParams):
     """S, personal-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
     global_steps: NonNegativeInt = 5
     """S, global-model batches per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    anchor: str = "local_copy"
+    anchor: Literal["local_copy", "global"] = "local_copy"
     """Proximal anchor w: ``local_copy`` = the client's last local copy of the global model, or the
     initial model before its first participation (CAFeMe code, produced the published numbers,
     docs/papers/cafeme.md); ``global`` = the current global model (Ditto paper)."""
@@ -71,8 +71,6 @@ class DittoHyper(HyperParams):
     authors' code, ``trainers_MTL/ditto.py``; needs personal_steps == global_steps)."""
 
     def __post_init__(self) -> None:
-        if self.anchor not in ("local_copy", "global"):
-            raise ValueError(f"anchor must be 'local_copy' or 'global', got {self.anchor!r}")
         if self.global_steps < 1:
             raise ValueError(f"global_steps must be >= 1, got {self.global_steps}")
         if self.schedule == "interleaved" and self.personal_steps != self.global_steps:

@@ -36,7 +36,7 @@ norm (observed on ``cafeme_cnn_a``); ``hvp`` is therefore a switch that matters,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from torch import nn
@@ -59,10 +59,10 @@ class PerFedAvgHyper(HyperParams):
     """Outer plain-SGD step on theta (CAFeMe code ``lr_outer`` = 0.001)."""
     local_steps: Annotated[PositiveInt, Tune(1, 10, order=2)] = 5
     """S, meta-iterations per round (CAFeMe code ``adapt_steps``: 5; FEMNIST 8)."""
-    variant: str = "hf"
+    variant: Literal["hf", "fo"] = "hf"
     """``hf``: Hessian-free update with the Hessian-vector product (CAFeMe code, published
     numbers); ``fo``: first-order Per-FedAvg, theta <- theta - beta * g1 (Per-FedAvg paper)."""
-    hvp: str = "finite_difference"
+    hvp: Literal["exact", "finite_difference"] = "finite_difference"
     """How ``hf`` computes H v: ``finite_difference`` = central difference with ``fd_delta``
     (CAFeMe code, published numbers); ``exact`` = automatic differentiation (double backward)."""
     fd_delta: PositiveFloat = 1e-3
@@ -75,10 +75,6 @@ class PerFedAvgHyper(HyperParams):
     """Server aggregation: ``uniform`` = plain mean (CAFeMe code); ``samples`` = weighted by n_k."""
 
     def __post_init__(self) -> None:
-        if self.variant not in ("hf", "fo"):
-            raise ValueError(f"variant must be 'hf' or 'fo', got {self.variant!r}")
-        if self.hvp not in ("exact", "finite_difference"):
-            raise ValueError(f"hvp must be 'exact' or 'finite_difference', got {self.hvp!r}")
         if self.local_steps < 1:
             raise ValueError(f"local_steps must be >= 1, got {self.local_steps}")
 
@@ -174,7 +170,7 @@ class PerFedAvg(Algorithm):
 
 @dataclass
 class PerFedAvgFOHyper(PerFedAvgHyper):
-    variant: str = "fo"
+    variant: Literal["hf", "fo"] = "fo"
     """First-order Per-FedAvg by default (Per-FedAvg paper's FO; not in the CAFeMe code)."""
 
 

@@ -40,7 +40,7 @@ State kept per client (``client.state``): ``theta`` (theta_i after the last loca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Callable
+from typing import Annotated, Callable, Literal
 
 import torch
 from torch import nn
@@ -53,8 +53,8 @@ from pfl_core.fields import NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.engine.plans import Plan
 from pfl_core.training import Params, gradients
 
-PREDICTORS = ("theta", "local")
-THETA_STARTS = ("received", "persist")
+Predictor = Literal["theta", "local"]
+ThetaStart = Literal["received", "persist"]
 
 
 def prox_gradient_steps(
@@ -172,22 +172,18 @@ class ProxHyper(HyperParams):
     pFedMe code local_epochs = 20, issue #6)."""
     hidden_l2: float = 0.0
     """The pFedMe optimizer's hidden mu*theta term (code: 0.001; neither paper: 0, the default)."""
-    predictor: str = "local"
+    predictor: Predictor = "local"
     """The scored model: ``local`` = w_i after the R local rounds, what the pFedMe authors' code
     reports as "PM" (issue #5, parameter aliasing; the default, as the published pFedMe numbers);
     ``theta`` = theta_i, the last inner solve (pFedMe paper Eq. 7, CGPFL Algorithm 1 output
     Theta^T_I; a former harness choice)."""
-    theta_start: str = "received"
+    theta_start: ThetaStart = "received"
     """Where theta_i starts each round: ``received`` = the model the client receives this round
     (pFedMe code: ``set_parameters`` overwrites theta, the model's parameters, every round);
     ``persist`` = theta_i from the client's previous round (pFedMe paper Algorithm 1 and CGPFL
     Algorithm 1 leave it open; a former harness choice)."""
 
     def __post_init__(self) -> None:
-        if self.predictor not in PREDICTORS:
-            raise ValueError(f"predictor must be one of {PREDICTORS}, got {self.predictor!r}")
-        if self.theta_start not in THETA_STARTS:
-            raise ValueError(f"theta_start must be one of {THETA_STARTS}, got {self.theta_start!r}")
         if self.inner_steps < 1 or self.local_rounds < 1:
             raise ValueError("inner_steps and local_rounds must be >= 1")
 
