@@ -62,6 +62,7 @@ def _executor(args):
 def cmd_run(args) -> int:
     suite = load_suite(args.suite)
     check_local_device(args)
+    stack_settings(args)
     specs = suite.expand(args.profile, seeds=args.seeds, only=parse_only(args.only))
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
@@ -134,6 +135,16 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
     print(f"MLflow UI ({'make mlflow-ui, then ' if tracker.uri.startswith('sqlite:') else ''}open): "
           f"{experiment_url(ui_base(tracker.public_uri), tracker.experiment_id(suite.key))}")
     return 1 if summary.failed and not args.allow_failures else rc
+
+
+def stack_settings(args) -> None:
+    """``--stack-limit`` and ``--jobs`` reach every run (workers inherit the environment) as
+    ``PFL_STACK_LIMIT`` and ``PFL_JOBS_PER_DEVICE`` (:mod:`pfl_core.engine.memory`)."""
+    if getattr(args, "stack_limit", None) is not None:
+        if args.stack_limit < 0:
+            raise SuiteError(f"--stack-limit must be >= 0 (0: no limit), got {args.stack_limit}")
+        os.environ["PFL_STACK_LIMIT"] = str(args.stack_limit)
+    os.environ.setdefault("PFL_JOBS_PER_DEVICE", str(max(1, getattr(args, "jobs", 1) or 1)))
 
 
 def report_files(rendered: list, suite_key: str) -> list[Path]:
@@ -328,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "time, the reference) or auto (by the counted cost of a client step: batched on a GPU "
                           "and for small models on a CPU, tag execution_choice); never changes a number or "
                           "the config hash")
+    run.add_argument("--stack-limit", type=int, default=None, metavar="N",
+                     help="batched path: at most N clients per vmapped call (0: no limit); default: chosen "
+                          "per run from the free GPU memory over --jobs and the model's step size, no limit on "
+                          "a CPU (PFL_STACK_MEMORY_MB sets a budget); never changes a number (tag stack_limit)")
     run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
                      help="run the seeds of each cell together in lockstep, their clients stacked on the "
                           "batched path (one unit of work per cell for --jobs / Ray)")

@@ -26,6 +26,7 @@ from pfl_core.data.builder import short_train_clients
 from pfl_core.data.cgpfl_split import test_in_other_train_fraction
 from pfl_core.data.federated import ArrayDataset, FederatedData, standardize
 from pfl_core.engine import EXECUTIONS, Executor
+from pfl_core.engine.memory import stack_limit
 from pfl_core.engine.choice import choose_execution, step_flops
 from pfl_core.evaluation import PROTOCOLS, EvalConfig
 from pfl_core.federation import Federation, run_lockstep
@@ -112,12 +113,23 @@ def make_executor(execution: str, device: torch.device, setups: list["RunSetup"]
     kept on the executor (``choice``) for the run's record."""
     if execution not in EXECUTION_CHOICES:
         raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
-    if execution != "auto":
-        return Executor(execution)
-    chosen, why = choose_execution(device.type, *auto_inputs(setups or []))
-    executor = Executor(chosen)
+    why = None
+    if execution == "auto":
+        execution, why = choose_execution(device.type, *auto_inputs(setups or []))
+    executor = Executor(execution)
     executor.choice = why
+    if execution == "batched" and setups:
+        executor.stack_limit, executor.stack_reason = setup_stack_limit(setups[0], device)
     return executor
+
+
+def setup_stack_limit(setup: "RunSetup", device: torch.device) -> tuple[int, str]:
+    """The batched path's clients per vmapped call for this run (:mod:`pfl_core.engine.memory`);
+    (0, why) where the model cannot be counted alone (a model with extra inputs)."""
+    try:
+        return stack_limit(setup.model, tuple(setup.dataset.input_shape), setup.cfg.federation.batch_size, device)
+    except Exception as err:  # noqa: BLE001 - any model the counter cannot call alone: no limit
+        return 0, f"no limit (the model's step could not be counted alone: {type(err).__name__})"
 
 
 def auto_inputs(setups: list["RunSetup"]) -> tuple[float | None, int]:
@@ -142,6 +154,8 @@ def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
             "lockstep_runs": lockstep}
     if getattr(executor, "choice", None):
         info["execution_choice"] = executor.choice
+    if info["execution"] == "batched" and getattr(executor, "stack_reason", None):
+        info["stack_limit"] = f"{executor.stack_limit or 'none'}: {executor.stack_reason}"
     if executor.execution == "batched" and algorithm.batched_fallback:
         info["execution_fallback"] = algorithm.batched_fallback
     return info

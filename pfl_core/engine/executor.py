@@ -19,14 +19,16 @@ runs (the seeds of a cell) can pass their clients together: :meth:`Executor.run_
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
 from torch.func import vmap
 
 from pfl_core.engine.augmentation import augment_draws
 from pfl_core.engine.plans import gather, make_buckets
 from pfl_core.engine.trees import stack_trees, unstack_tree
 from pfl_core.engine.contract import ClientContext, ClientProgram, ClientUpdate, ServerState
+from pfl_core.engine.memory import out_of_memory_hint
 
 EXECUTIONS = ("sequential", "batched")
 
@@ -60,13 +62,20 @@ class Executor:
         pad_tolerance: batched path only; clients whose maskable streams differ only in their
             number of batches share a vmap call when the padded work stays within
             ``1 + pad_tolerance`` of the real work (0: equal step counts only, no wasted compute).
+        stack_limit: batched path only; at most this many clients per vmapped call (0: a whole
+            bucket; :mod:`pfl_core.engine.memory` chooses it per run). Changes no number.
     """
 
-    def __init__(self, execution: str = "batched", pad_tolerance: float = 0.0):
+    def __init__(self, execution: str = "batched", pad_tolerance: float = 0.0, stack_limit: int = 0):
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
+        if stack_limit < 0:
+            raise ValueError(f"stack_limit must be >= 0, got {stack_limit}")
         self.execution = execution
         self.pad_tolerance = pad_tolerance
+        self.stack_limit = stack_limit
+        self.stack_reason: str | None = None
+        """How the stack limit was chosen (:func:`pfl_core.engine.memory.stack_limit`)."""
         self.choice: str | None = None
         """Why ``--execution auto`` chose this path (:mod:`pfl_core.engine.choice`); None: asked for."""
 
@@ -86,7 +95,7 @@ class Executor:
         plans = [i.algorithm.draw(i.client, i.round_idx) for i in items]
         draws = [augment_draws(i.algorithm, i.client, plan) for i, plan in zip(items, plans)]
         outputs: list = [None] * len(items)
-        for bucket in make_buckets(plans, head.maskable_streams, self.pad_tolerance):
+        for bucket in self.stacks(make_buckets(plans, head.maskable_streams, self.pad_tolerance)):
             stacked = len(bucket.members) > 1
             batches, masks = gather([i.client.dataset for i in items], plans, bucket, stacked, draws)
             if not stacked:
@@ -94,7 +103,17 @@ class Executor:
                 outputs[k] = head.local_update(carries[k], batches, masks)
                 continue
             carry, dims = stack_trees([carries[k] for k in bucket.members])
-            out, loss = vmap(head.local_update, in_dims=(dims, 0, 0))(carry, batches, masks)
+            try:
+                out, loss = vmap(head.local_update, in_dims=(dims, 0, 0))(carry, batches, masks)
+            except torch.OutOfMemoryError as err:
+                raise torch.OutOfMemoryError(f"{err}\n{out_of_memory_hint(len(bucket.members), self.stack_limit)}") from err
             for k, (o, l) in zip(bucket.members, zip(unstack_tree(out, len(bucket.members)), loss)):
                 outputs[k] = (o, l)
         return [i.algorithm.carry_out(i.server, i.client, *outputs[k]) for k, i in enumerate(items)]
+
+    def stacks(self, buckets: list) -> list:
+        """``buckets`` cut into consecutive pieces of at most ``stack_limit`` members (same steps)."""
+        if not self.stack_limit:
+            return buckets
+        return [replace(b, members=b.members[i:i + self.stack_limit])
+                for b in buckets for i in range(0, len(b.members), self.stack_limit)]
