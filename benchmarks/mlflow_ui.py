@@ -120,7 +120,7 @@ def suite_description(suite_key: str, title: str, metric: str, metric_label: str
             f"A run's *Model metrics* tab plots `round/*` by round and `curve/*` by fine-tuning step. "
             f"Filter with e.g. `tags.method = 'fedavg'`, `tags.profile = 'paper'`, `tags.tuned = 'true'`, "
             f"`tags.run_kind = 'cell'` (a filter, or a sort other than *Created*, lists runs flat); the "
-            f"view *pflbench: results* (Views menu) shows method, cell, seed, profile, tuned and `{metric}`.")
+            f"view *pflbench: results* (Views menu) shows `{metric}`, method, seed, profile, tuned and cell.")
 
 
 def tuning_description(suite_key: str) -> str:

@@ -81,8 +81,11 @@ def test_saved_view_is_the_envelope_the_ui_parses():
     envelope = json.loads(ui.saved_view(ui.SUITE_COLUMNS, "acc_last3"))
     assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
     state = json.loads(envelope["state"])
-    assert state["selectedColumns"] == ["metrics.`acc_last3`", "tags.`method`", "tags.`cell`", "tags.`seed`",
-                                        "tags.`profile`", "tags.`tuned`"]
+    columns = ["metrics.`acc_last3`", "tags.`method`", "tags.`seed`", "tags.`profile`", "tags.`tuned`", "tags.`cell`"]
+    assert state["selectedColumns"] == columns
+    # in this order (else the UI orders tag columns as it meets them), the run name wide enough to read
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *columns]
+    assert state["columnWidths"]["attributes.`Run Name`"] >= 300
     # sorted by creation time, oldest first: the one order in which the UI nests runs under their parent,
     # and a parent (created first) is loaded before its children in the UI's pages of 100 runs
     assert (state["orderByKey"], state["orderByAsc"], state["searchFilter"]) == ("attributes.start_time", True, "")
