@@ -207,7 +207,8 @@ class Tracker:
 
     def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str = ui.CELL):
         """The runs of a suite's experiment (optionally of one status), newest first: its (cell, seed)
-        runs, or with ``kind="sweep"`` the parent runs of its sweeps (``kind=None``: both)."""
+        runs or tuning trials (``kind="cell"``: every run that is no parent), or with ``kind="sweep"``
+        (``"study"``) the parent runs of its sweeps (tuning studies); ``kind=None``: all."""
         exp = self.experiment_id(suite_key, create=False)
         if exp is None:
             return []
@@ -221,8 +222,9 @@ class Tracker:
                 break
         if kind is None:
             return runs
-        is_sweep = kind == ui.SWEEP
-        return [r for r in runs if (r.data.tags.get(ui.RUN_KIND_TAG) == ui.SWEEP) == is_sweep]
+        if kind in ui.PARENT_KINDS:
+            return [r for r in runs if r.data.tags.get(ui.RUN_KIND_TAG) == kind]
+        return [r for r in runs if r.data.tags.get(ui.RUN_KIND_TAG) not in ui.PARENT_KINDS]
 
     def finished_hashes(self, suite_key: str) -> set[str]:
         return {r.data.tags.get("config_hash") for r in self.runs(suite_key, "FINISHED")}
@@ -253,7 +255,7 @@ class Tracker:
             "cuda_version": str(info.get("cuda_version", "")),
             "cudnn_version": str(info.get("cudnn_version", "")),
             "allow_tf32": str(bool(info.get("allow_tf32", False))).lower(),
-            "mlflow.runName": f"{spec.cell_id} seed={spec.seed}",
+            "mlflow.runName": ui.run_name(spec.cell, spec.method, spec.seed),  # for reading; found by tags
             ui.RUN_KIND_TAG: ui.CELL,
             ui.NOTE_TAG: ui.run_description(suite_meta["paper"], suite_meta.get("table", ""), spec.cell_id,
                                             spec.seed, spec.profile),

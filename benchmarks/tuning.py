@@ -40,7 +40,10 @@ Tracking
     Every trial is an MLflow run of experiment ``<suite key>/tuning``, tagged ``study``, ``trial``,
     ``state``, ``value``, ``params`` (JSON), ``cell``, ``method``, ``profile`` and, when it failed,
     ``failure_reason``; its parameters are MLflow params and its intermediate values the metric
-    ``objective`` (step as above).
+    ``objective`` (step as above). It is named ``<method> · <cell> · trial <n>``, described (method,
+    cell, trial, parameters, objective: ``mlflow.note.content``) and nested under its study's parent
+    run ``study <method> · <cell>`` (``run_kind=study``: counts, best value and parameters), one per
+    study, reused when the study is resumed (:func:`benchmarks.tuning_study.open_study_run`).
 Tuned values
     The best trial's parameters (dotted config keys) are written with their provenance to
     ``<suite dir>/<suite stem>.tuned.yml`` (see :func:`write_tuned`); a suite opts in per method
@@ -48,6 +51,7 @@ Tuned values
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -63,9 +67,10 @@ from benchmarks.search_spaces import get_space
 from benchmarks.suite import RunSpec, Suite, _apply, cell_id, load_suite
 from benchmarks.suite_schema import SuiteError, validate_config
 from benchmarks.tuned_values import write_tuned
-from benchmarks.tuning_study import (StudyResult, TrialLogger, TuneError, TuneOptions, default_storage,
-                                     fail_stale_trials, finished_trials, load_study, log_unlogged_trials,
-                                     make_pruner, make_sampler, public_url, utc_now, study_name)
+from benchmarks.tuning_study import (StudyResult, TrialLogger, TuneError, TuneOptions, close_study_run,
+                                     default_storage, fail_stale_trials, finished_trials, load_study,
+                                     log_unlogged_trials, make_pruner, make_sampler, open_study_run, public_url,
+                                     study_name, utc_now)
 
 
 
@@ -242,9 +247,11 @@ class Objective:
 
 # -- running a study --------------------------------------------------------------------------------
 def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name: str, storage: str,
-              n_trials: int, offset: int, threads: int | None = None, log: bool = True) -> None:
-    """One worker: load the study and run ``n_trials`` trials (also the body of --jobs workers and
-    of Ray tasks, which do not ``log`` to MLflow: the parent logs their trials)."""
+              n_trials: int, offset: int, threads: int | None = None, log: bool = True,
+              parent: str | None = None) -> None:
+    """One worker: load the study and run ``n_trials`` trials, logged under the study's ``parent``
+    run (also the body of --jobs workers and of Ray tasks, which do not ``log`` to MLflow: the
+    parent process logs their trials)."""
     if threads:
         import torch
 
@@ -253,7 +260,7 @@ def _optimize(suite_path: str, cell: dict, method: str, opts: TuneOptions, name:
     suite = load_suite(suite_path)
     objective = Objective(suite, cell, method, opts)
     study = load_study(name, storage, opts, len(opts.seeds) * objective.rounds, offset)
-    callbacks = [TrialLogger(suite, cell, method, opts, storage, objective.describe())] if log else []
+    callbacks = [TrialLogger(suite, cell, method, opts, storage, objective.describe(), parent)] if log else []
     study.optimize(objective, n_trials=n_trials, timeout=opts.timeout, catch=(Exception,), callbacks=callbacks)
 
 
@@ -300,29 +307,50 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
 
     # the MLflow store and experiment exist before any worker logs (no migration race); the
     # experiment opens as model training with its description and saved view (benchmarks.mlflow_ui)
-    Tracker(opts.tracking_uri).describe_experiment(f"{suite.key}/tuning", ui.tuning_description(suite.key),
-                                                   ui.TUNING_COLUMNS, "value")
+    tracker = Tracker(opts.tracking_uri)
+    tracker.describe_experiment(f"{suite.key}/tuning", ui.tuning_description(suite.key), ui.TUNING_COLUMNS, "value")
+    parent = open_study_run(tracker, suite.key, cell, method, opts.profile, name, storage, describe)
+    try:
+        _run_trials(suite, cell, method, opts, name, storage, describe, parent, remaining, done, executor)
+    except BaseException as err:
+        with contextlib.suppress(Exception):  # the error itself is what the caller must see
+            close_study_run(tracker, parent, load_study(name, storage, opts, 1, 0), err)
+        raise
+    close_study_run(tracker, parent, load_study(name, storage, opts, 1, 0))
+    return _result(suite, cid, cell, method, opts, name, storage, describe)
+
+
+def _run_trials(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions, name: str, storage: str,
+                describe: dict, parent: str, remaining: int, done: int, executor) -> None:
+    """Log the trials a killed call left unlogged, then run ``remaining`` trials on ``executor``."""
     # a trial is in MLflow once it is in Optuna: catch up on those a killed call left unlogged
-    log_unlogged_trials(name, storage, TrialLogger(suite, cell, method, opts, storage, describe))
+    log_unlogged_trials(name, storage, TrialLogger(suite, cell, method, opts, storage, describe, parent))
     if remaining:
         from benchmarks.executors import LocalExecutor
 
         executor = executor or LocalExecutor(opts.jobs)
         if executor.in_process:
-            _optimize(str(suite.path), cell, method, opts, name, storage, remaining, done, executor.threads)
+            _optimize(str(suite.path), cell, method, opts, name, storage, remaining, done, executor.threads,
+                      parent=parent)
         else:
             jobs = min(opts.jobs, remaining)
             shares = [remaining // jobs + (1 if k < remaining % jobs else 0) for k in range(jobs)]
             # Ray workers may run elsewhere: an absolute suite path, and the parent logs their trials
             worker_opts = TuneOptions(**{**asdict(opts), "echo": None if executor.remote else print})
-            logger = TrialLogger(suite, cell, method, opts, storage, describe) if executor.remote else None
+            logger = TrialLogger(suite, cell, method, opts, storage, describe, parent) if executor.remote else None
             calls = [(str(suite.path.resolve()), cell, method, worker_opts, name, storage, share,
-                      done + 7919 * (k + 1), executor.threads, not executor.remote) for k, share in enumerate(shares)]
+                      done + 7919 * (k + 1), executor.threads, not executor.remote, parent)
+                     for k, share in enumerate(shares)]
             for _, _, error in executor.map(_optimize, enumerate(calls)):
                 if logger:
                     log_unlogged_trials(name, storage, logger)
                 if error is not None:
                     raise error
+
+
+def _result(suite: Suite, cid: str, cell: dict[str, str], method: str, opts: TuneOptions, name: str,
+            storage: str, describe: dict) -> StudyResult:
+    """The study's counts and best trial, written to the suite's tuned file (``opts.write``)."""
     study = load_study(name, storage, opts, 1, 0)
     states = [t.state for t in study.get_trials(deepcopy=False)]
     result = StudyResult(name, cell, method, states.count(optuna.trial.TrialState.COMPLETE),

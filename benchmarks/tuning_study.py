@@ -156,14 +156,80 @@ def load_study(name: str, storage: str, opts: TuneOptions, max_steps: int, offse
                                load_if_exists=True)
 
 
-# -- MLflow: one run per trial ------------------------------------------------------------------------
+# -- MLflow: one parent run per study, one child run per trial -----------------------------------------
+def _study_tags(suite_key: str, cell: dict[str, str], method: str, profile: str, name: str, storage: str,
+                describe: dict) -> dict[str, str]:
+    """The tags a study's parent run and its trial runs share."""
+    return {"study": name, "suite": suite_key, "cell": cell_id(cell), "method": method, "profile": profile,
+            "storage": public_url(storage), "objective": json.dumps(describe, sort_keys=True),
+            **{f"cell.{k}": v for k, v in cell.items()}}
+
+
+def open_study_run(tracker, suite_key: str, cell: dict[str, str], method: str, profile: str, name: str,
+                   storage: str, describe: dict) -> str:
+    """The parent run of study ``name`` in experiment ``<suite key>/tuning`` (``run_kind=study``,
+    named ``study <method> · <cell>``), created by the study's first call and set RUNNING again by
+    the next. Two calls creating it at once both keep the older one (creation time, then run id):
+    the later creator sees both and deletes its own."""
+    from mlflow.entities import RunTag
+
+    from benchmarks import mlflow_ui as ui
+    from benchmarks.tracking import git_state
+
+    def found():
+        runs = [r for r in tracker.runs(f"{suite_key}/tuning", status=None, kind=ui.STUDY)
+                if r.data.tags.get("study") == name]
+        return min(runs, key=lambda r: (r.info.start_time, r.info.run_id)) if runs else None
+
+    run = found()
+    if run is None:
+        git = git_state()
+        tags = {**_study_tags(suite_key, cell, method, profile, name, storage, describe),
+                ui.RUN_KIND_TAG: ui.STUDY, "git_commit": git[0], "git_dirty": str(git[1]).lower(),
+                "mlflow.runName": ui.study_run_name(cell, method),
+                ui.NOTE_TAG: ui.study_description(method, cell_id(cell), name, describe)}
+        mine = tracker.client.create_run(tracker.experiment_id(f"{suite_key}/tuning"), tags=tags).info.run_id
+        run = found()
+        if run.info.run_id != mine:
+            tracker.client.delete_run(mine)
+        return run.info.run_id
+    if run.info.status != "RUNNING":
+        tracker.client.update_run(run.info.run_id, status="RUNNING")
+    tracker.client.log_batch(run.info.run_id, tags=[RunTag("objective", json.dumps(describe, sort_keys=True))])
+    return run.info.run_id
+
+
+def close_study_run(tracker, run_id: str, study: optuna.Study, error: BaseException | None = None) -> None:
+    """Record a study's counts (tags and metrics ``trials_<state>``) and its best trial (metric
+    ``best_value``, tags ``best_trial``, ``best_params``) on its parent run, then end it FINISHED,
+    FAILED after an ``error`` or KILLED after an interrupt."""
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    trials = study.get_trials(deepcopy=False, states=FINISHED)
+    counts = {f"trials_{state.name.lower()}": sum(t.state == state for t in trials) for state in FINISHED}
+    metrics = [Metric(k, float(v), now, 0) for k, v in counts.items()]
+    tags = [RunTag(k, str(v)) for k, v in counts.items()]
+    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if complete:
+        best = study.best_trial
+        metrics.append(Metric("best_value", float(best.value), now, 0))
+        tags += [RunTag("best_trial", str(best.number)), RunTag("best_params", json.dumps(best.params, sort_keys=True))]
+    tracker.client.log_batch(run_id, metrics=metrics, tags=tags)
+    status = "FINISHED" if error is None else "FAILED" if isinstance(error, Exception) else "KILLED"
+    tracker.client.set_terminated(run_id, status=status)
+
+
 class TrialLogger:
-    """Optuna callback: log each finished trial as a run of experiment ``<suite key>/tuning``."""
+    """Optuna callback: log each finished trial as a run of experiment ``<suite key>/tuning``, a child
+    of the study's ``parent`` run (:func:`open_study_run`), with a description (method, cell, trial,
+    parameters, objective)."""
 
     def __init__(self, suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions, storage: str,
-                 describe: dict):
+                 describe: dict, parent: str | None = None):
         self.suite_key, self.cell, self.method = suite.key, cell, method
         self.profile, self.uri, self.storage, self.describe = opts.profile, opts.tracking_uri, storage, describe
+        self.parent = parent
         self.echo = opts.echo
         self._tracker = None
         self._git = None
@@ -171,6 +237,7 @@ class TrialLogger:
     def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         from mlflow.entities import Metric, Param
 
+        from benchmarks import mlflow_ui as ui
         from benchmarks.tracking import Tracker, git_state
 
         if self._tracker is None:
@@ -179,14 +246,17 @@ class TrialLogger:
         exp = self._tracker.experiment_id(f"{self.suite_key}/tuning")
         value = trial.value if trial.state == optuna.trial.TrialState.COMPLETE else None
         tags = {
-            "study": study.study_name, "trial": str(trial.number), "state": trial.state.name,
+            **_study_tags(self.suite_key, self.cell, self.method, self.profile, study.study_name, self.storage,
+                          self.describe),
+            "trial": str(trial.number), "state": trial.state.name,
             "value": "" if value is None else repr(value), "params": json.dumps(trial.params, sort_keys=True),
-            "suite": self.suite_key, "cell": cell_id(self.cell), "method": self.method, "profile": self.profile,
-            "storage": public_url(self.storage), "objective": json.dumps(self.describe, sort_keys=True),
-            "git_commit": self._git[0], "git_dirty": str(self._git[1]).lower(),
-            "mlflow.runName": f"{cell_id(self.cell)} trial {trial.number}",
-            **{f"cell.{k}": v for k, v in self.cell.items()},
+            "git_commit": self._git[0], "git_dirty": str(self._git[1]).lower(), ui.RUN_KIND_TAG: ui.TRIAL,
+            "mlflow.runName": ui.trial_run_name(self.cell, self.method, trial.number),
+            ui.NOTE_TAG: ui.trial_description(self.method, cell_id(self.cell), trial.number, trial.params,
+                                              self.describe, trial.state.name, value),
         }
+        if self.parent:
+            tags[ui.PARENT_TAG] = self.parent
         if trial.user_attrs.get("failure_reason"):
             tags["failure_reason"] = str(trial.user_attrs["failure_reason"])[:5000]
         start = trial.datetime_start or _dt.datetime.now()
@@ -213,18 +283,22 @@ class TrialLogger:
 def log_unlogged_trials(name: str, storage: str, logger: TrialLogger) -> None:
     """Log every finished trial of the study that has no complete MLflow run yet: Ray workers write
     no MLflow, and a worker killed between Optuna's record and MLflow's leaves a trial unlogged or
-    its run RUNNING (deleted here and logged again)."""
+    its run RUNNING (deleted here and logged again). Trial runs logged before the study had a
+    parent run are moved under it."""
+    from benchmarks import mlflow_ui as ui
     from benchmarks.tracking import Tracker
 
     tracker = Tracker(logger.uri)
     logged = set()
-    for run in tracker.runs(f"{logger.suite_key}/tuning", status=None):
+    for run in tracker.runs(f"{logger.suite_key}/tuning", status=None):  # trials, not the studies' runs
         if run.data.tags.get("study") != name:
             continue
         if run.info.status == "RUNNING":
             tracker.client.delete_run(run.info.run_id)
-        else:
-            logged.add(run.data.tags.get("trial"))
+            continue
+        logged.add(run.data.tags.get("trial"))
+        if logger.parent and run.data.tags.get(ui.PARENT_TAG) != logger.parent:
+            tracker.client.set_tag(run.info.run_id, ui.PARENT_TAG, logger.parent)
     study = optuna.load_study(study_name=name, storage=storage)
     for trial in study.get_trials(deepcopy=False, states=FINISHED):
         if str(trial.number) not in logged:

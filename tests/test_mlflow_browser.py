@@ -1,9 +1,13 @@
-"""The MLflow UI in a real browser: a smoke sweep of the demo suite, `mlflow server` on 127.0.0.1 and
-headless Chromium (system Chromium driven by the `playwright` package; `make browser` installs it).
+"""The MLflow UI in a real browser: a smoke sweep of the demo suite and a two-trial tuning study of
+one of its cells, `mlflow server` on 127.0.0.1 and headless Chromium (system Chromium driven by the
+`playwright` package; `make browser` installs it). What a researcher reads: short run names shown
+whole, the sweep's runs nested under its parent run in the default view (the link `pflbench run`
+prints), the trials nested under their study's run, each described.
 
 Skipped when Playwright or Chromium is absent. ``PFL_CHROMIUM`` names another Chromium binary;
 ``PFL_UI_SCREENSHOTS=DIR`` saves the pages it checks as PNGs; ``PFL_UI_PROFILE=paper`` sweeps the
-demo's default profile, the runs `make demo` makes (CI: ``smoke``). reports/ui/*.png were made with
+demo's default profile, the runs `make demo` makes (CI: ``smoke``; the study is tuned at ``smoke``
+either way). reports/ui/*.png were made with
 ``PFL_UI_PROFILE=paper PFL_UI_SCREENSHOTS=reports/ui pytest tests/test_mlflow_browser.py``.
 """
 from __future__ import annotations
@@ -34,6 +38,8 @@ without internet, which stalls page loads."""
 WAIT_MS = 180_000  # a loaded 2-core machine renders the UI slowly
 DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
 PROFILE = os.environ.get("PFL_UI_PROFILE", "smoke")
+TUNED_CELL = ("fedavg", "setting=synthetic-seen")  # the MLR cell: seconds per trial
+NAME_CELL = '[col-id="attributes.`Run Name`"]'
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +53,9 @@ def served(tmp_path_factory):
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         mp.chdir(root)
         assert main(["run", str(DEMO), "--profile", PROFILE, "--device", "cpu", "--tracking-uri", uri]) == 0
+        assert main(["tune", str(DEMO), "--method", TUNED_CELL[0], "--cell", TUNED_CELL[1], "--trials", "2",
+                     "--profile", "smoke", "--storage", f"sqlite:///{root}/optuna.db", "--tracking-uri", uri,
+                     "--device", "cpu", "--no-write"]) == 0
     tracker = Tracker(uri)
     port = free_port()
     log = (root / "server.log").open("w")
@@ -55,7 +64,8 @@ def served(tmp_path_factory):
     try:
         wait_for(f"http://127.0.0.1:{port}/health", proc)
         yield {"base": f"http://127.0.0.1:{port}", "tracker": tracker, "key": "demo/offline",
-               "experiment": tracker.experiment_id("demo/offline", create=False)}
+               "experiment": tracker.experiment_id("demo/offline", create=False),
+               "tuning": tracker.experiment_id("demo/offline/tuning", create=False)}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -87,21 +97,55 @@ def open_page(page, url: str, ready: str) -> None:
     page.get_by_text(ready, exact=True).first.wait_for()
 
 
-def test_runs_table_lists_every_run_with_method_and_metric(served, page):
+def top_level_rows(page) -> list[str]:
+    """The run ids of the table's rows (one list per row, the pinned left part)."""
+    return page.locator(".ag-pinned-left-cols-container [row-id]").evaluate_all(
+        "els => els.map(e => e.getAttribute('row-id'))")
+
+
+def expand(page, parent_id: str, child_ids: list[str]) -> None:
+    """Check that the runs table holds ``child_ids`` under the collapsed parent row ``parent_id``
+    (the only top-level row), then open it: the children appear after it, indented."""
+    page.locator(f'[row-id="{parent_id}"] {NAME_CELL}').first.wait_for()
+    page.wait_for_timeout(1000)
+    assert top_level_rows(page) == [parent_id]  # the children are nested, not listed beside it
+    page.locator(f'.ag-pinned-left-cols-container [row-id="{parent_id}"] {NAME_CELL} button').click()  # its expander
+    page.locator(f'[row-id="{child_ids[-1]}"]').first.wait_for()
+    assert set(top_level_rows(page)) == {parent_id, *child_ids}
+    assert top_level_rows(page)[0] == parent_id
+
+    def name_x(run_id: str) -> float:
+        return page.locator(f'[row-id="{run_id}"] {NAME_CELL} a[href*="{run_id}"]').first.bounding_box()["x"]
+
+    assert all(name_x(c) > name_x(parent_id) + 10 for c in child_ids)  # indented under it
+
+
+def shown_whole(page, run) -> None:
+    """The run's name is in its row's name cell, not cut by an ellipsis."""
+    link = page.locator(f'[row-id="{run.info.run_id}"] {NAME_CELL} a[href*="{run.info.run_id}"]').first
+    assert link.inner_text() == run.data.tags["mlflow.runName"]
+    assert link.evaluate("e => [...e.querySelectorAll('*'), e].every(x => x.scrollWidth <= x.clientWidth)"), \
+        run.data.tags["mlflow.runName"]
+
+
+def test_runs_table_nests_the_sweeps_short_named_runs_with_method_and_metric(served, page):
     tracker = served["tracker"]
     runs = tracker.runs(served["key"])
     (sweep,) = tracker.runs(served["key"], kind=ui.SWEEP)
     assert len(runs) == len(load_suite(DEMO).expand(PROFILE))  # 6 at smoke, 12 as `make demo`
-    open_page(page, ui.experiment_url(served["base"], served["experiment"]), runs[0].data.tags["mlflow.runName"])
+    for run in runs:  # method first, the other cell labels, the seed; the whole cell in tags
+        tags = run.data.tags
+        assert tags["mlflow.runName"] == f"{tags['cell.method']} · {tags['cell.setting']} · s{tags['seed']}"
+    open_page(page, ui.experiment_url(served["base"], served["experiment"]), sweep.data.tags["mlflow.runName"])
     assert "workflowType=machine_learning" in page.url
     # the UI renders only the columns that fit the window: the view puts the metric and method first
     headers = page.locator("[role=columnheader]").all_inner_texts()
     assert {"Run Name", "acc_last3", "method"} <= set(headers), headers
+    expand(page, sweep.info.run_id, [r.info.run_id for r in runs])
     for run in [*runs, sweep]:
         cells = page.locator(f'[row-id="{run.info.run_id}"]')
-        cells.first.wait_for()
         text = " | ".join(cells.all_inner_texts())
-        assert run.data.tags["mlflow.runName"] in text
+        shown_whole(page, run)
         if run is not sweep:
             assert f"| {run.data.tags['method']}" in text.replace("\n", " | ")
             value = run.data.metrics["acc_last3"]  # the metric column, as MLflow prints it (1.0 as "1")
@@ -111,6 +155,29 @@ def test_runs_table_lists_every_run_with_method_and_metric(served, page):
     assert "pflbench: results" in body  # the saved view is the one shown
     assert "No data available" not in body  # not the GenAI overview
     screenshot(page, "experiment.png")
+
+
+def test_tuning_trials_nest_under_their_study_with_a_description(served, page):
+    tracker = served["tracker"]
+    trials = sorted(tracker.runs("demo/offline/tuning", status=None), key=lambda r: int(r.data.tags["trial"]))
+    (study,) = tracker.runs("demo/offline/tuning", status=None, kind=ui.STUDY)
+    assert len(trials) == 2 and study.data.tags["mlflow.runName"] == "study fedavg · synthetic-seen"
+    open_page(page, ui.experiment_url(served["base"], served["tuning"]), study.data.tags["mlflow.runName"])
+    expand(page, study.info.run_id, [r.info.run_id for r in trials])
+    for run in [study, *trials]:
+        shown_whole(page, run)
+    screenshot(page, "tuning.png")
+    trial = trials[-1]
+    open_page(page, ui.run_url(served["base"], served["tuning"], trial.info.run_id, tab=None),
+              trial.data.tags["mlflow.runName"])
+    note = trial.data.tags[ui.NOTE_TAG]
+    first = note.splitlines()[0]
+    assert first.startswith(f"fedavg | setting=synthetic-seen,method=fedavg | trial {trial.data.tags['trial']}: ")
+    page.get_by_text(first).first.wait_for()
+    page.get_by_text(study.data.tags["mlflow.runName"], exact=True).first.wait_for()  # "Parent run", fetched late
+    body = page.inner_text("body")
+    assert "method.params.lr" in body and "maximise" in body  # its parameters and the objective
+    screenshot(page, "trial-overview.png")
 
 
 def test_run_page_plots_the_fine_tuning_and_round_curves(served, page):
@@ -155,4 +222,6 @@ def test_run_overview_shows_description_and_command(served, page):
     command = run.data.tags[ui.SOURCE_NAME_TAG]
     assert command.startswith("pflbench run ") and str(DEMO) in command
     assert command in body
+    (sweep,) = tracker.runs(served["key"], kind=ui.SWEEP)
+    page.get_by_text(sweep.data.tags["mlflow.runName"], exact=True).first.wait_for()  # its "Parent run"
     screenshot(page, "run-overview.png")

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 import benchmarks.runner as runner
@@ -13,9 +14,9 @@ from benchmarks.cli import main
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.metric import metric_spec
 from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
+from benchmarks.suite import Suite, _parse_axis, load_suite
 from benchmarks.tracking import Tracker, command_line
-from conftest import store, tiny_suite_dict, write_suite
+from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
 FAKE_GIT = ("0123456789abcdef0123456789abcdef01234567", False)
 COMMAND = "pflbench run suites/tiny/mini.yaml --profile smoke"
@@ -73,15 +74,21 @@ def test_the_training_kind_is_the_one_mlflow_ui_knows():
     assert f'CUSTOM_MODEL_DEVELOPMENT="{ui.TRAINING_KIND}"' in text
     assert f'"{ui.EXPERIMENT_KIND_TAG}"' in text
     assert f'"{ui.SAVED_VIEW_PREFIX}"' in text and '"viewStateShareKey"' in text
+    assert f'DATE:"{ui.ORDER_BY}"' in text  # the sort the UI nests runs by (its "Created" column)
 
 
 def test_saved_view_is_the_envelope_the_ui_parses():
     envelope = json.loads(ui.saved_view(ui.SUITE_COLUMNS, "acc_last3"))
     assert isinstance(envelope["name"], str) and isinstance(envelope["createdAt"], int)
     state = json.loads(envelope["state"])
-    assert state["selectedColumns"] == ["metrics.`acc_last3`", "tags.`method`", "tags.`cell`", "tags.`seed`",
-                                        "tags.`profile`", "tags.`tuned`"]
-    assert (state["orderByKey"], state["orderByAsc"]) == ("tags.`cell`", True)
+    columns = ["metrics.`acc_last3`", "tags.`method`", "tags.`seed`", "tags.`profile`", "tags.`tuned`", "tags.`cell`"]
+    assert state["selectedColumns"] == columns
+    # in this order (else the UI orders tag columns as it meets them), the run name wide enough to read
+    assert state["columnOrder"] == ["attributes.`Run Name`", "runDateAndNestInfo", "duration", *columns]
+    assert state["columnWidths"]["attributes.`Run Name`"] >= 300
+    # sorted by creation time, oldest first: the one order in which the UI nests runs under their parent,
+    # and a parent (created first) is loaded before its children in the UI's pages of 100 runs
+    assert (state["orderByKey"], state["orderByAsc"], state["searchFilter"]) == ("attributes.start_time", True, "")
     url = ui.experiment_url("http://127.0.0.1:5000/", "7")
     assert url == ("http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
                    "&viewStateShareKey=pflbench")
@@ -97,6 +104,9 @@ def test_cell_runs_have_description_source_parent_and_curves(resumed):
         assert tags[ui.NOTE_TAG] == f"tiny, Tiny table | {tags['cell']} | seed 0 | profile smoke"
         assert (tags[ui.SOURCE_NAME_TAG], tags[ui.SOURCE_TYPE_TAG]) == (COMMAND, "JOB")
         assert tags[ui.PARENT_TAG] in parents and tags[ui.RUN_KIND_TAG] == ui.CELL
+        # a short name to read (method, the other cell labels, seed); the whole cell stays in tags
+        assert tags["mlflow.runName"] == f"{tags['cell.method']} · {tags['cell.setting']} · s0"
+        assert tags["cell"] == f"setting={tags['cell.setting']},method={tags['cell.method']}"
         # per-round and fine-tuning curves are logged with their steps (the Model metrics tab plots them)
         rounds = tracker.client.get_metric_history(run.info.run_id, "round/train_loss")
         assert [m.step for m in rounds] == [1, 2]
@@ -129,6 +139,44 @@ def test_one_parent_per_sweep_and_resume_never_duplicates_a_child(resumed):
         assert ui.PARENT_TAG not in tags
         files = [f.path for f in tracker.client.list_artifacts(run_id, "suite")]
         assert files == ["suite/mini.yaml"]
+
+
+def test_a_parent_starts_before_its_children_so_the_view_loads_it_first(resumed):
+    """The saved view sorts by creation time, oldest first, and the UI nests a run only under a
+    parent it has loaded (pages of 100 runs): a sweep's parent must not start after any child."""
+    tracker = resumed["tracker"]
+    parents = {r.info.run_id: r for r in tracker.runs(resumed["suite"].key, status=None, kind=ui.SWEEP)}
+    for child in tracker.runs(resumed["suite"].key, status=None):
+        assert child.info.start_time >= parents[child.data.tags[ui.PARENT_TAG]].info.start_time
+
+
+def test_run_names_are_short_method_first_and_distinct_in_every_suite():
+    assert ui.run_name({"setting": "digits28-unseen", "method": "fedavg"}, "fedavg", 1) == "fedavg · digits28-unseen · s1"
+    # the method axis's label (it may name a variant), then the other labels in grid order
+    assert ui.run_name({"dataset": "cifar10", "alpha": "0.1", "method": "FedL2P-LRNet-b1"}, "fedl2p", 3) == \
+        "FedL2P-LRNet-b1 · cifar10, 0.1 · s3"
+    assert ui.run_name({"dataset": "mnist"}, "cgpfl", 0) == "cgpfl · mnist · s0"  # no method axis
+    assert ui.run_name({"method": "fedavg"}, "fedavg", 2) == "fedavg · s2"
+    for path in sorted((REPO_ROOT / "suites").glob("*/*.yaml")):  # the raw grids: no registry needed
+        grid = yaml.safe_load(path.read_text())["grid"]
+        cells = Suite(path, {}, [_parse_axis(a, f"grid[{i}]") for i, a in enumerate(grid)]).cells()
+        names = [ui.run_name(cell, "m", 1) for cell in cells]
+        assert len(set(names)) == len(cells), path
+
+
+def test_a_run_with_an_old_style_name_is_still_found_finished(tmp_path, tiny_suite):
+    """Names are for reading: a store written before the short names (``<cell id> seed=<seed>``) is
+    resumed and reported from by its tags alone."""
+    suite = load_suite(tiny_suite)
+    specs = suite.expand("smoke", seeds=[0], only={"method": ["local"], "setting": ["iid"]})
+    tracker = Tracker(*store(tmp_path / "store"))
+    run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    (run,) = tracker.runs(suite.key)
+    tracker.client.set_tag(run.info.run_id, "mlflow.runName", f"{specs[0].cell_id} seed=0")
+    again = run_sweep(suite, specs, tracker, device="cpu", echo=quiet)
+    assert (again.finished, again.skipped) == (0, 1)
+    frame = collect_runs(suite, tracker, "smoke", metric_spec(suite), specs=specs)
+    assert list(frame["config_hash"]) == [specs[0].config_hash]
 
 
 def test_parent_runs_are_invisible_to_resume_and_reports(resumed):

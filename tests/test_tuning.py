@@ -11,6 +11,7 @@ import yaml
 import benchmarks.runner as runner
 import benchmarks.tuning as tuning
 import benchmarks.tuning_study as tuning_study
+from benchmarks import mlflow_ui as ui
 from benchmarks.cli import main
 from benchmarks.runner import run_sweep
 from benchmarks.search_spaces import NOTHING_TO_TUNE, NoSearchSpaceError, describe, get_space, suggest
@@ -61,7 +62,12 @@ def study_of(tmp_path, name, cell="setting=dir,method=fedavg", method="fedavg", 
 
 
 def tuning_runs(mlstore, name):
+    """The trials' runs (not the studies' parent runs)."""
     return Tracker(*mlstore).runs(f"tiny/{name}/tuning", status=None)
+
+
+def study_runs(mlstore, name):
+    return Tracker(*mlstore).runs(f"tiny/{name}/tuning", status=None, kind=ui.STUDY)
 
 
 @pytest.fixture
@@ -203,6 +209,21 @@ def test_study_logs_trials_writes_tuned_file_resumes_and_a_run_uses_the_values(t
         if t["state"] == "COMPLETE":
             assert float(t["value"]) == pytest.approx(study.trials[number].value)
     assert {r.data.params["method.params.lr"] for r in runs} == {str(t.params["method.params.lr"]) for t in study.trials}
+    # in the MLflow UI: the trials nest under one parent run of the study, each named and described
+    (parent,) = study_runs(mlstore, "resume")
+    assert parent.data.tags["mlflow.runName"] == "study fedavg · dir"
+    assert parent.data.tags["study"] == study.study_name and parent.info.status == "FINISHED"
+    assert "Optuna study" in parent.data.tags[ui.NOTE_TAG]
+    assert parent.data.metrics["best_value"] == pytest.approx(study.best_value)
+    for run in runs:
+        tags, trial = run.data.tags, study.trials[int(run.data.tags["trial"])]
+        assert tags[ui.PARENT_TAG] == parent.info.run_id and tags[ui.RUN_KIND_TAG] == ui.TRIAL
+        assert run.info.start_time >= parent.info.start_time  # the view (oldest first) loads the parent first
+        assert tags["mlflow.runName"] == f"fedavg · dir · trial {trial.number}"
+        note = tags[ui.NOTE_TAG]
+        assert note.startswith(f"fedavg | setting=dir,method=fedavg | trial {trial.number}: {trial.state.name}")
+        assert f"`method.params.lr` = {trial.params['method.params.lr']:.6g}" in note
+        assert "maximise `acc_last3` on validation data, mean over tuning seeds 1000, 1001" in note
 
     tuned_file = path.parent / "resume.tuned.yml"
     data = yaml.safe_load(tuned_file.read_text())
@@ -223,6 +244,11 @@ def test_study_logs_trials_writes_tuned_file_resumes_and_a_run_uses_the_values(t
     assert len(study.user_attrs["budget_history"]) == 2 and study.user_attrs["budget"]["n_trials"] == 5
     tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=5, seeds=(1000, 1001)))
     assert len(study_of(tmp_path, "resume").trials) == 5 and len(tuning_runs(mlstore, "resume")) == 5
+    (again,) = study_runs(mlstore, "resume")  # a resumed study keeps its one parent run
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FINISHED"
+    assert {r.data.tags[ui.PARENT_TAG] for r in tuning_runs(mlstore, "resume")} == {parent.info.run_id}
+    assert again.data.metrics["trials_complete"] + again.data.metrics["trials_pruned"] + \
+        again.data.metrics["trials_fail"] == 5
     # a resumed study must keep its objective
     with pytest.raises(TuneError, match="was created with objective"):
         tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=6, seeds=(1000,)))
