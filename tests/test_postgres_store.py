@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -30,7 +31,7 @@ pytestmark = pytest.mark.slow
 def postgres_bin() -> Path | None:
     """The folder of ``initdb``/``pg_ctl``: $PFL_PG_BIN, else Debian's newest /usr/lib/postgresql/<ver>/bin."""
     found = [os.environ["PFL_PG_BIN"]] if os.environ.get("PFL_PG_BIN") else \
-        sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))
+        sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: [int(v) for v in re.findall(r"\d+", p)])
     folder = Path(found[-1]) if found else None
     return folder if folder and (folder / "initdb").is_file() and (folder / "pg_ctl").is_file() else None
 
@@ -41,6 +42,14 @@ def as_server_user(cmd: list) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+def has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
 @pytest.fixture
 def postgres():
     """A throw-away PostgreSQL cluster on 127.0.0.1 (trust authentication, test only) holding an empty
@@ -48,6 +57,8 @@ def postgres():
     pg_bin = postgres_bin()
     if pg_bin is None:
         pytest.skip("PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin; `make postgres` installs them)")
+    if os.geteuid() == 0 and not has_user("postgres"):
+        pytest.skip("running as root, and no `postgres` user to run PostgreSQL's server as (Debian's package creates it)")
     pytest.importorskip("psycopg", reason="psycopg (the dev extra's PostgreSQL driver for MLflow) is not installed")
     root = Path(tempfile.mkdtemp(prefix="pflbench-pg-"))  # not under tmp_path: the postgres user must reach it
     if os.geteuid() == 0:
