@@ -71,7 +71,10 @@ def postgres():
         if init.returncode != 0:
             pytest.skip(f"PostgreSQL's initdb cannot run here: {(init.stderr or init.stdout).strip()[-300:]}")
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-        subprocess.run(as_server_user([*pg_ctl, "-w", "-o", options, "start"]), check=True, capture_output=True)
+        start = subprocess.run(as_server_user([*pg_ctl, "-w", "-o", options, "start"]), capture_output=True, text=True)
+        if start.returncode != 0:
+            why = log.read_text() if log.exists() else start.stderr or start.stdout
+            pytest.skip(f"PostgreSQL's server cannot start here: {why.strip()[-300:]}")
         subprocess.run([pg_bin / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "pflbench", "mlflow"],
                        check=True, capture_output=True)
         yield f"postgresql://pflbench@127.0.0.1:{port}/mlflow"
