@@ -61,6 +61,18 @@ browser: ## Install Chromium for the MLflow browser test when it is missing (apt
 	else echo "no $(CHROMIUM) and no apt-get: install Chromium and pass CHROMIUM=/path (PFL_CHROMIUM for pytest);" \
 		"tests/test_mlflow_browser.py skips without it"; fi
 
+# PostgreSQL's server for tests/test_postgres_store.py (a lab's shared store: `mlflow server` on PostgreSQL; the test
+# starts and stops its own throw-away cluster). Debian/Ubuntu: installed with apt-get when missing.
+PG_INITDB = $(lastword $(sort $(wildcard /usr/lib/postgresql/*/bin/initdb)))
+
+.PHONY: postgres
+postgres: ## Install PostgreSQL's server for the shared-store test when it is missing (apt-get; CI runs it before `make test`)
+	@if [ -n "$(PG_INITDB)" ]; then echo "postgresql: $(PG_INITDB)"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	else echo "no PostgreSQL server and no apt-get: install one and pass PFL_PG_BIN=<its bin folder> to pytest;" \
+		"tests/test_postgres_store.py skips without it"; fi
+
 test: $(STAMP) ## Run the whole test suite
 	$(BIN)/python -m pytest -q --durations=25
 
