@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import subprocess
 import time
@@ -12,6 +13,15 @@ import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``: ``-n auto``) each worker process runs one torch thread, so
+    that N workers on N cores do not oversubscribe them (each test that wants threads sets its own)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

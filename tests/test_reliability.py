@@ -22,7 +22,7 @@ from benchmarks.worker import KILL_HOOK_ENV
 from benchmarks.executors import LocalExecutor
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker
-from conftest import REPO_ROOT, store
+from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
 DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
 DIGITS = ["--only", "setting=digits28-unseen", "--only", "method=fedavg"]
@@ -134,10 +134,20 @@ def test_two_runners_on_a_fresh_store_compute_each_run_once(tmp_path, tiny_suite
     assert sum(computed) == len(specs)  # split between the two, none computed twice
 
 
+def long_tiny_suite(tmp_path):
+    """The tiny MLR suite (conftest), one seed, its smoke runs lengthened to 100 rounds (about a second
+    each): a signal sent once a run is claimed lands while runs are in progress."""
+    data = tiny_suite_dict()
+    data["profiles"]["smoke"].update(seeds=[0])
+    data["profiles"]["smoke"]["set"]["federation.rounds"] = 100
+    return write_suite(tmp_path / "suites" / "tiny" / "long.yaml", data)
+
+
 def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
-    key = load_suite(DEMO).key
-    args = [str(DEMO), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
+    suite = long_tiny_suite(tmp_path)
+    key = load_suite(suite).key
+    args = [str(suite), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
     proc = pflbench(*args, cwd=tmp_path)
     wait_for(lambda: "RUNNING" in runs_by_status(uri, key), 300, "a claimed run")
     workers = wait_for(lambda: children(proc.pid), 60, "the worker processes")
@@ -153,7 +163,7 @@ def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     again = pflbench(*args, cwd=tmp_path)
     out = again.communicate(timeout=600)[0]
     assert again.returncode == 0, out
-    assert_each_config_finished_once(uri, key, load_suite(DEMO).expand("smoke"))
+    assert_each_config_finished_once(uri, key, load_suite(suite).expand("smoke"))
 
 
 @pytest.mark.parametrize("first_spawn", ["resource tracker", "worker"])
@@ -182,8 +192,9 @@ def test_a_signal_while_a_process_starts_waits_until_its_start_up_data_is_writte
 
 def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
-    key = load_suite(DEMO).key
-    args = [str(DEMO), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
+    suite = long_tiny_suite(tmp_path)
+    key = load_suite(suite).key
+    args = [str(suite), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
     proc = pflbench(*args, cwd=tmp_path)
     wait_for(lambda: "RUNNING" in runs_by_status(uri, key), 300, "a claimed run")
     workers = wait_for(lambda: children(proc.pid), 60, "the worker processes")
@@ -195,7 +206,7 @@ def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tm
     out = again.communicate(timeout=600)[0]
     assert again.returncode == 0, out
     assert "left RUNNING by a runner that died marked KILLED" in out  # ... is cleaned at the next start
-    status = assert_each_config_finished_once(uri, key, load_suite(DEMO).expand("smoke"))
+    status = assert_each_config_finished_once(uri, key, load_suite(suite).expand("smoke"))
     assert all(r.data.tags["failure_reason"].startswith("stale:") for r in status["KILLED"])
     sweeps = runs_by_status(uri, key, "sweep")  # the killed runner's parent run is closed too
     assert "RUNNING" not in sweeps and len(sweeps["KILLED"]) == 1 and len(sweeps["FINISHED"]) == 1
