@@ -47,6 +47,7 @@ def finished_metrics(uri: str, suite_key: str) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_jobs_1_and_jobs_2_give_bit_identical_metrics(tmp_path, capsys):
     """The CNN cell of the demo (thread count changes float sums there): one torch thread per run
     by default, whatever --jobs, so every metric and every round's loss is bit-identical."""
@@ -120,6 +121,7 @@ def assert_each_config_finished_once(uri: str, suite_key: str, specs) -> dict[st
     return status
 
 
+@pytest.mark.slow
 def test_two_runners_on_a_fresh_store_compute_each_run_once(tmp_path, tiny_suite):
     uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"
     (tmp_path / "fresh").mkdir()
@@ -143,6 +145,7 @@ def long_tiny_suite(tmp_path):
     return write_suite(tmp_path / "suites" / "tiny" / "long.yaml", data)
 
 
+@pytest.mark.slow
 def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
     suite = long_tiny_suite(tmp_path)
@@ -190,6 +193,7 @@ def test_a_signal_while_a_process_starts_waits_until_its_start_up_data_is_writte
     assert "_launch" not in frames and "shielded" in frames, frames
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
     suite = long_tiny_suite(tmp_path)
@@ -213,6 +217,7 @@ def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tm
     assert "a process that died" in sweeps["KILLED"][0].data.tags["failure_reason"]
 
 
+@pytest.mark.slow
 def test_a_dead_worker_fails_its_run_only_and_the_sweep_goes_on(tmp_path, tiny_suite, monkeypatch):
     """A worker SIGKILLed once is retried and finishes; one killed at every attempt is FAILED with the
     reason; the pool is rebuilt and every other run finishes."""

@@ -306,6 +306,7 @@ def test_cafeme_figure_has_ours_paper_and_the_code_with_error_bars(cafeme_report
 PAPER_SUITES = sorted(p for p in (REPO_ROOT / "suites").glob("*/*.yaml") if p.parent.name != "demo" and not unregistered(p))
 
 
+@pytest.mark.slow
 def test_every_paper_suite_gets_an_ours_vs_paper_figure_with_error_bars(tmp_path):
     uri, artifacts = store(tmp_path / "empty")
     tracker = Tracker(uri, artifacts)

@@ -269,6 +269,7 @@ def test_same_cell_and_seed_is_deterministic_across_stores(tmp_path, swept):
     assert a != b
 
 
+@pytest.mark.slow
 def test_process_pool_matches_in_process(tmp_path, swept):
     suite = swept["suite"]
     specs = [s for s in swept["specs"] if s.cell["method"] == "fedavg" and s.cell["setting"] == "iid"]
@@ -350,6 +351,7 @@ def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeyp
     assert summary.finished == len(specs) - summary.failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("started", ["by map", "by start", "by start, nothing to run"])
 def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
     """A finished ``--jobs 2`` map shuts its workers down instead of killing them: a killed worker

@@ -115,6 +115,7 @@ def test_a_bad_stage1_key_names_the_suite_entry(tmp_path):
         load_suite(path)
 
 
+@pytest.mark.slow
 def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted(tmp_path):
     uri, art = store(tmp_path / "store")
     tracker = Tracker(uri, art)
@@ -171,6 +172,7 @@ def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted
     assert len(pretraining_runs(tracker)) == 2  # the deleted one is not listed
 
 
+@pytest.mark.slow
 def test_a_failed_stage1_fails_its_stage2_runs_with_the_reason(tmp_path, monkeypatch):
     real = worker.run_experiment
 
@@ -193,6 +195,7 @@ def test_a_failed_stage1_fails_its_stage2_runs_with_the_reason(tmp_path, monkeyp
     assert (fixed.finished, fixed.pretrained_trained) == (4, 1)
 
 
+@pytest.mark.slow
 def test_worker_processes_train_each_distinct_stage1_once(tmp_path):
     """--jobs 2: two stage-1 configurations, each trained by one worker, four cells x 2 seeds."""
     tracker = Tracker(*store(tmp_path / "store"))
