@@ -25,7 +25,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one)."""
+    """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one). Under
+    pytest-xdist the ``slow`` tests are handed out first (a stable sort, the same in every worker):
+    the longest tests start while the short ones can still fill the other workers, instead of one
+    worker running the last long test while the others wait."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -50,3 +50,22 @@ def test_the_ray_tests_share_one_xdist_group():
     test_ray = pytest.importorskip("test_ray")
     (mark,) = [m for m in [test_ray.pytestmark] if m.name == "xdist_group"]
     assert mark.args == ("ray",)
+
+
+class _Item:
+    def __init__(self, name: str, slow: bool):
+        self.name, self.slow = name, slow
+
+    def get_closest_marker(self, name: str):
+        return pytest.mark.slow.mark if name == "slow" and self.slow else None
+
+
+@pytest.mark.parametrize("worker", [None, "gw0"])
+def test_xdist_workers_hand_out_the_slow_tests_first_in_their_order(monkeypatch, worker):
+    if worker:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    else:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    items = [_Item("a", False), _Item("b", True), _Item("c", False), _Item("d", True)]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.name for i in items] == (["b", "d", "a", "c"] if worker else ["a", "b", "c", "d"])
