@@ -242,6 +242,7 @@ def test_a_dead_worker_fails_its_run_only_and_the_sweep_goes_on(tmp_path, tiny_s
 
 
 # -- tuning: stale trials and trials missing from MLflow ----------------------------------------------
+@pytest.mark.slow
 def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     """A kill -9 left one trial RUNNING (its owner process is dead) and one COMPLETE trial that never
     reached MLflow (killed between Optuna's record and MLflow's) plus a half-written RUNNING MLflow

@@ -311,6 +311,7 @@ def test_default_store_does_not_depend_on_the_current_directory(tmp_path, monkey
     assert default_tracking_uri() == f"sqlite:///{tmp_path}/env.db"
 
 
+@pytest.mark.slow
 def test_lockstep_batched_sweep_logs_each_seed_once_with_the_numbers_of_the_plain_sweep(tmp_path, swept):
     """--lockstep-seeds --execution batched: the seeds of a cell run as one group, each run is logged
     once, tagged with its path, and its metrics are the plain (sequential, one-by-one) sweep's."""
@@ -332,6 +333,7 @@ def test_lockstep_batched_sweep_logs_each_seed_once_with_the_numbers_of_the_plai
                 assert run.data.metrics[key] == pytest.approx(value, abs=1e-4), key
 
 
+@pytest.mark.slow
 def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeypatch):
     suite, specs = swept["suite"], swept["specs"]
     real = experiment.run_lockstep

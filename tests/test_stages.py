@@ -320,6 +320,7 @@ def test_a_method_without_a_global_model_cannot_be_a_stage1(tmp_path):
     assert "cannot be the stage 1" in outcome["error"] and "state" not in outcome
 
 
+@pytest.mark.slow
 def test_a_runner_that_loses_the_stage1_claim_waits_for_the_winners_state(tmp_path):
     """Another runner holds a live claim of the stage 1: this one trains nothing, waits, and uses
     the state the other logs (then marks FINISHED)."""
