@@ -73,11 +73,15 @@ postgres: ## Install PostgreSQL's server for the shared-store test when it is mi
 	else echo "no PostgreSQL server and no apt-get: install one and pass PFL_PG_BIN=<its bin folder> to pytest;" \
 		"tests/test_postgres_store.py skips without it"; fi
 
-test: $(STAMP) ## Run the whole test suite
-	$(BIN)/python -m pytest -q --durations=25
+# pytest-xdist workers (one torch thread each, tests/conftest.py); TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= auto
+PYTEST       = $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
-test-fast: $(STAMP) ## Run the tests not marked slow
-	$(BIN)/python -m pytest -q -m "not slow"
+test: $(STAMP) ## Run the whole test suite on every core (TEST_WORKERS=auto); prints the 25 slowest tests
+	$(PYTEST) --durations=25
+
+test-fast: $(STAMP) ## The inner loop: the tests not marked slow, on every core
+	$(PYTEST) -m "not slow"
 
 gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into reports/gpu/<device>.md; dry mode without CUDA
 	$(PFLBENCH) gpu-check --out $(OUT)/gpu

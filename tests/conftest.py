@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import subprocess
 import time
@@ -14,8 +15,22 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``: ``-n auto``) each worker process runs one torch thread, so
+    that N workers on N cores do not oversubscribe them (each test that wants threads sets its own)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
-    """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one)."""
+    """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one). Under
+    pytest-xdist the ``slow`` tests are handed out first (a stable sort, the same in every worker):
+    the longest tests start while the short ones can still fill the other workers, instead of one
+    worker running the last long test while the others wait."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -32,6 +32,7 @@ def opened_for_writing(monkeypatch):
     return opened
 
 
+@pytest.mark.slow
 def test_report_tables_figures_and_pdf_are_renamed_into_place(isolated, opened_for_writing):
     uri, art = store(isolated / "store")
     tracker = Tracker(uri, art)

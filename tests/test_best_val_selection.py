@@ -38,6 +38,7 @@ def bestval_suite() -> dict:
     return data
 
 
+@pytest.mark.slow
 def test_the_report_picks_the_test_value_at_the_best_validation_round(tmp_path):
     suite = load_suite(write_suite(tmp_path / "suites" / "tiny" / "bestval.yaml", bestval_suite()))
     tracker = Tracker(*store(tmp_path / "store"))

@@ -415,6 +415,7 @@ def test_run_records_short_clients_and_partition_draws(tmp_path):
 
 # ---------------------------------------------------------------- --deterministic (item 6)
 
+@pytest.mark.slow
 def test_deterministic_sweep_is_tagged_keeps_the_config_hash_and_the_cpu_numbers(isolated, monkeypatch):
     """``pflbench run --deterministic`` sets PyTorch's deterministic mode and the cuBLAS workspace in
     the worker, tags the run (with its device), and is not part of the config hash: the same

@@ -399,6 +399,7 @@ def _load(name):
     return load_suite(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SUITES))
 def test_cgpfl_suites_load_and_expand_to_the_published_grid(name):
     suite = _load(name)
@@ -443,6 +444,7 @@ CONVENTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SUITES))
 def test_cgpfl_suites_run_the_baselines_with_their_codes_conventions(name):
     suite = _load(name)

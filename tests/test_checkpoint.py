@@ -101,6 +101,7 @@ def test_incomplete_checkpoints_start_again(tmp_path):
         Checkpointing([tmp_path / "x.pt"], every=0)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     """A real ``pflbench run`` process (--jobs 1: the run computes in it) SIGKILLs itself after
     round 5 of a 6-round run (checkpoints after rounds 2 and 4); the next ``pflbench run`` marks the

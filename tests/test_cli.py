@@ -45,6 +45,7 @@ def spec_lines(out: str, specs) -> dict[str, str]:
     return lines
 
 
+@pytest.mark.slow
 def test_dry_run_then_run_then_dry_run(tiny_suite, uri, capsys, tmp_path):
     (tmp_path / "store").mkdir()
     specs = load_suite(tiny_suite).expand("smoke")
@@ -140,6 +141,7 @@ def test_missing_suite_file_exits_2(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_report_command_writes_md_and_csv(tiny_suite, uri, tmp_path, capsys):
     (tmp_path / "store").mkdir()
     only = ["--only", "setting=iid"]
@@ -174,6 +176,7 @@ def _failing_suite(tmp_path):
     return write_suite(tmp_path / "fails.yaml", data)
 
 
+@pytest.mark.slow
 def test_exit_code_is_1_when_a_run_failed_unless_allow_failures(tmp_path, uri, capsys):
     """Issue 15, item 9: a failed run fails the command by default; --allow-failures is the lenient
     behaviour; --strict (the old opt-in) is accepted and means the default."""
@@ -201,6 +204,7 @@ def test_strict_with_report_still_fails(tmp_path, uri, capsys):
     assert rc == 1
 
 
+@pytest.mark.slow
 def test_a_run_another_suite_finished_is_reused_unless_no_reuse(tmp_path, uri, capsys):
     """Same cell in suites a and b: b copies a's run (printed, counted); --no-reuse computes it."""
     (tmp_path / "store").mkdir()

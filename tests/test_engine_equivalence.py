@@ -232,7 +232,7 @@ def assert_same_run(a, b):
     assert curves(b) == pytest.approx(curves(a), rel=1e-6, abs=1e-8)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "fedl2p" else n for n in sorted(CASES)])
 def test_batched_path_equals_sequential_path(name):
     assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
 

@@ -23,6 +23,7 @@ def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
     assert on_cpu["speed cuda"] is None and all(on_cpu[k] for k in ("gpu tests", "guard", "speed cpu"))
 
 
+@pytest.mark.slow
 def test_the_dry_mode_runs_what_a_cpu_can_and_names_what_needs_a_gpu(tmp_path, monkeypatch, capsys):
     """The real gpu-marked tests (they skip here); the guard and the CPU speed run stand in for
     quick commands (their own tests cover them); one planted failure fails the command."""

@@ -234,6 +234,7 @@ def test_interrupted_sweep_leaves_a_killed_parent_with_its_counts(tmp_path, tiny
     assert all(c.data.tags[ui.PARENT_TAG] == parent.info.run_id for c in children)
 
 
+@pytest.mark.slow
 def test_cli_run_attaches_report_and_command_to_the_parent(tiny_suite, tmp_path, capsys):
     uri = f"sqlite:///{tmp_path}/store/mlflow.db"
     (tmp_path / "store").mkdir()

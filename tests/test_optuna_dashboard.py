@@ -20,6 +20,8 @@ from benchmarks.tuning import tune
 from benchmarks.tuning_study import TuneOptions
 from conftest import REPO_ROOT, free_port, store, tiny_suite_dict, wait_for, write_suite
 
+pytestmark = pytest.mark.slow  # `optuna-dashboard` and `make` servers in subprocesses
+
 optuna_dashboard = pytest.importorskip("optuna_dashboard", reason="pip install -e '.[dashboard]'")
 
 

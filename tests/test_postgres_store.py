@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from benchmarks.suite import load_suite
 from conftest import free_port, tiny_suite_dict, wait_for, write_suite
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # its Ray sweep: one Ray instance at a time (tests/test_ray.py)
 
 
 def postgres_bin() -> Path | None:

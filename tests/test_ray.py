@@ -19,13 +19,13 @@ from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV
 from benchmarks.executors import ExecutorError, LocalExecutor, RayExecutor
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker, read_json_artifact
-from conftest import REPO_ROOT, store, write_suite
+from conftest import store, write_suite
 from test_tuning import suite_dict
 
 ray = pytest.importorskip("ray")  # installed by the dev extra (pyproject.toml); skipped only without it
-
-DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
-
+# one pytest-xdist worker runs them all (`make test`: --dist loadgroup): `ray.init(address="auto")` would
+# join the local Ray instance of a test running beside it, which test_thread_counts_and_option_errors refuses
+pytestmark = pytest.mark.xdist_group("ray")
 
 def quiet(*_args, **_kwargs):
     pass
@@ -52,10 +52,11 @@ def by_hash(tracker, suite_key):
     return runs
 
 
-def test_demo_smoke_sweep_on_ray_resumes_and_logs_every_run_once(tmp_path, capsys, monkeypatch):
+@pytest.mark.slow
+def test_smoke_sweep_on_ray_resumes_and_logs_every_run_once(tmp_path, tiny_suite, capsys, monkeypatch):
     uri, art = store(tmp_path / "store")
-    args = ["run", str(DEMO), "--profile", "smoke", "--tracking-uri", uri, "--device", "cpu"]
-    suite = load_suite(DEMO)
+    args = ["run", str(tiny_suite), "--profile", "smoke", "--tracking-uri", uri, "--device", "cpu"]
+    suite = load_suite(tiny_suite)
     specs = suite.expand("smoke")
     # a partial sweep in this process first: the Ray sweep must skip its runs
     assert main(args + ["--only", "method=local"]) == 0
@@ -110,6 +111,7 @@ def _killed_sweep(tmp_path, tiny_suite, monkeypatch, max_retries):
     return suite, specs, tracker, summary
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_run_is_retried_and_finished_once(tmp_path, tiny_suite, monkeypatch, parent_cannot_run):
     suite, specs, tracker, summary = _killed_sweep(tmp_path, tiny_suite, monkeypatch, max_retries=1)
     assert (summary.finished, summary.failed) == (2, 0)
@@ -118,6 +120,7 @@ def test_worker_killed_mid_run_is_retried_and_finished_once(tmp_path, tiny_suite
         {s.config_hash: ["FINISHED"] for s in specs}
 
 
+@pytest.mark.slow
 def test_worker_killed_without_retries_is_failed_with_its_reason_then_resumed(tmp_path, tiny_suite, monkeypatch,
                                                                               parent_cannot_run):
     suite, specs, tracker, summary = _killed_sweep(tmp_path, tiny_suite, monkeypatch, max_retries=0)
@@ -136,6 +139,7 @@ def test_worker_killed_without_retries_is_failed_with_its_reason_then_resumed(tm
     assert [r.info.status for r in runs[specs[1].config_hash]] == ["FINISHED"]
 
 
+@pytest.mark.slow
 def test_tune_on_ray_shares_the_study_and_the_parent_logs_each_trial_once(tmp_path, capsys, monkeypatch):
     path = write_suite(tmp_path / "suites" / "tiny" / "rayt.yaml", suite_dict("rayt"))
     uri, art = store(tmp_path / "store")

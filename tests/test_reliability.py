@@ -22,7 +22,7 @@ from benchmarks.worker import KILL_HOOK_ENV
 from benchmarks.executors import LocalExecutor
 from benchmarks.suite import load_suite
 from benchmarks.tracking import Tracker
-from conftest import REPO_ROOT, store
+from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
 DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
 DIGITS = ["--only", "setting=digits28-unseen", "--only", "method=fedavg"]
@@ -47,6 +47,7 @@ def finished_metrics(uri: str, suite_key: str) -> dict[str, dict]:
     return out
 
 
+@pytest.mark.slow
 def test_jobs_1_and_jobs_2_give_bit_identical_metrics(tmp_path, capsys):
     """The CNN cell of the demo (thread count changes float sums there): one torch thread per run
     by default, whatever --jobs, so every metric and every round's loss is bit-identical."""
@@ -120,6 +121,7 @@ def assert_each_config_finished_once(uri: str, suite_key: str, specs) -> dict[st
     return status
 
 
+@pytest.mark.slow
 def test_two_runners_on_a_fresh_store_compute_each_run_once(tmp_path, tiny_suite):
     uri = f"sqlite:///{tmp_path}/fresh/mlflow.db"
     (tmp_path / "fresh").mkdir()
@@ -134,10 +136,21 @@ def test_two_runners_on_a_fresh_store_compute_each_run_once(tmp_path, tiny_suite
     assert sum(computed) == len(specs)  # split between the two, none computed twice
 
 
+def long_tiny_suite(tmp_path):
+    """The tiny MLR suite (conftest), one seed, its smoke runs lengthened to 100 rounds (about a second
+    each): a signal sent once a run is claimed lands while runs are in progress."""
+    data = tiny_suite_dict()
+    data["profiles"]["smoke"].update(seeds=[0])
+    data["profiles"]["smoke"]["set"]["federation.rounds"] = 100
+    return write_suite(tmp_path / "suites" / "tiny" / "long.yaml", data)
+
+
+@pytest.mark.slow
 def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
-    key = load_suite(DEMO).key
-    args = [str(DEMO), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
+    suite = long_tiny_suite(tmp_path)
+    key = load_suite(suite).key
+    args = [str(suite), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
     proc = pflbench(*args, cwd=tmp_path)
     wait_for(lambda: "RUNNING" in runs_by_status(uri, key), 300, "a claimed run")
     workers = wait_for(lambda: children(proc.pid), 60, "the worker processes")
@@ -153,7 +166,7 @@ def test_ctrl_c_kills_workers_marks_runs_killed_and_resume_finishes(tmp_path):
     again = pflbench(*args, cwd=tmp_path)
     out = again.communicate(timeout=600)[0]
     assert again.returncode == 0, out
-    assert_each_config_finished_once(uri, key, load_suite(DEMO).expand("smoke"))
+    assert_each_config_finished_once(uri, key, load_suite(suite).expand("smoke"))
 
 
 @pytest.mark.parametrize("first_spawn", ["resource tracker", "worker"])
@@ -180,10 +193,12 @@ def test_a_signal_while_a_process_starts_waits_until_its_start_up_data_is_writte
     assert "_launch" not in frames and "shielded" in frames, frames
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tmp_path):
     uri = f"sqlite:///{tmp_path}/store.db"
-    key = load_suite(DEMO).key
-    args = [str(DEMO), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
+    suite = long_tiny_suite(tmp_path)
+    key = load_suite(suite).key
+    args = [str(suite), "--profile", "smoke", "--device", "cpu", "--tracking-uri", uri, "--jobs", "2"]
     proc = pflbench(*args, cwd=tmp_path)
     wait_for(lambda: "RUNNING" in runs_by_status(uri, key), 300, "a claimed run")
     workers = wait_for(lambda: children(proc.pid), 60, "the worker processes")
@@ -195,13 +210,14 @@ def test_kill_9_of_the_runner_takes_its_workers_and_the_next_start_recomputes(tm
     out = again.communicate(timeout=600)[0]
     assert again.returncode == 0, out
     assert "left RUNNING by a runner that died marked KILLED" in out  # ... is cleaned at the next start
-    status = assert_each_config_finished_once(uri, key, load_suite(DEMO).expand("smoke"))
+    status = assert_each_config_finished_once(uri, key, load_suite(suite).expand("smoke"))
     assert all(r.data.tags["failure_reason"].startswith("stale:") for r in status["KILLED"])
     sweeps = runs_by_status(uri, key, "sweep")  # the killed runner's parent run is closed too
     assert "RUNNING" not in sweeps and len(sweeps["KILLED"]) == 1 and len(sweeps["FINISHED"]) == 1
     assert "a process that died" in sweeps["KILLED"][0].data.tags["failure_reason"]
 
 
+@pytest.mark.slow
 def test_a_dead_worker_fails_its_run_only_and_the_sweep_goes_on(tmp_path, tiny_suite, monkeypatch):
     """A worker SIGKILLed once is retried and finishes; one killed at every attempt is FAILED with the
     reason; the pool is rebuilt and every other run finishes."""
@@ -226,6 +242,7 @@ def test_a_dead_worker_fails_its_run_only_and_the_sweep_goes_on(tmp_path, tiny_s
 
 
 # -- tuning: stale trials and trials missing from MLflow ----------------------------------------------
+@pytest.mark.slow
 def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     """A kill -9 left one trial RUNNING (its owner process is dead) and one COMPLETE trial that never
     reached MLflow (killed between Optuna's record and MLflow's) plus a half-written RUNNING MLflow

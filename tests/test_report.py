@@ -25,6 +25,9 @@ from benchmarks.tracking import Tracker
 from pfl_core.federation import DivergenceError
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
+# its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report")
+
 FAIL_CELL = {"setting": "iid", "method": "fedavg_ft"}
 FAIL_SEED = 1
 EXPECTED_COLUMNS = ["setting", "method", "n_seeds", "expected_seeds", "failed", "mean", "std", "sem", "pm",
@@ -455,6 +458,7 @@ def test_pdf_of_the_paper_profile_has_sections_figures_and_no_notice(reported):
 
 # ------------------------------------------------------------------ commands
 
+@pytest.mark.slow
 def test_report_command_by_paper(reported, tmp_path, capsys):
     for name in ("curves", "bestval"):
         write_suite(tmp_path / "suites" / "hand" / f"{name}.yaml", hand_suite(name))

@@ -26,6 +26,9 @@ from suite_names import unregistered
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 from test_report import balanced
 
+# its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report_code_reference")
+
 TABLE1 = REPO_ROOT / "suites" / "cafeme" / "table1.yaml"
 CAFEME_CELL = {"dataset": "rmnist", "partition": "shards", "method": "cafeme"}
 OURS = [98.50, 98.26, 98.29, 98.29, 98.87]  # this project's paper profile, seeds 0-4 (issue 17)
@@ -306,6 +309,7 @@ def test_cafeme_figure_has_ours_paper_and_the_code_with_error_bars(cafeme_report
 PAPER_SUITES = sorted(p for p in (REPO_ROOT / "suites").glob("*/*.yaml") if p.parent.name != "demo" and not unregistered(p))
 
 
+@pytest.mark.slow
 def test_every_paper_suite_gets_an_ours_vs_paper_figure_with_error_bars(tmp_path):
     uri, artifacts = store(tmp_path / "empty")
     tracker = Tracker(uri, artifacts)

@@ -17,6 +17,9 @@ from benchmarks.tracking import Tracker, read_npz_artifact
 from conftest import store, write_suite
 from fake_data import write_cifar10
 
+# its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_report_qualitative")
+
 BASE = {
     "data": {"dataset": "cifar10", "num_clients": 4, "partition": {"name": "iid"}, "client_splits": {"test": 0.25}},
     "model": {"name": "lenet"},

@@ -269,6 +269,7 @@ def test_same_cell_and_seed_is_deterministic_across_stores(tmp_path, swept):
     assert a != b
 
 
+@pytest.mark.slow
 def test_process_pool_matches_in_process(tmp_path, swept):
     suite = swept["suite"]
     specs = [s for s in swept["specs"] if s.cell["method"] == "fedavg" and s.cell["setting"] == "iid"]
@@ -310,6 +311,7 @@ def test_default_store_does_not_depend_on_the_current_directory(tmp_path, monkey
     assert default_tracking_uri() == f"sqlite:///{tmp_path}/env.db"
 
 
+@pytest.mark.slow
 def test_lockstep_batched_sweep_logs_each_seed_once_with_the_numbers_of_the_plain_sweep(tmp_path, swept):
     """--lockstep-seeds --execution batched: the seeds of a cell run as one group, each run is logged
     once, tagged with its path, and its metrics are the plain (sequential, one-by-one) sweep's."""
@@ -331,6 +333,7 @@ def test_lockstep_batched_sweep_logs_each_seed_once_with_the_numbers_of_the_plai
                 assert run.data.metrics[key] == pytest.approx(value, abs=1e-4), key
 
 
+@pytest.mark.slow
 def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeypatch):
     suite, specs = swept["suite"], swept["specs"]
     real = experiment.run_lockstep
@@ -350,6 +353,7 @@ def test_a_failing_seed_in_a_lockstep_group_fails_alone(tmp_path, swept, monkeyp
     assert summary.finished == len(specs) - summary.failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("started", ["by map", "by start", "by start, nothing to run"])
 def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
     """A finished ``--jobs 2`` map shuts its workers down instead of killing them: a killed worker

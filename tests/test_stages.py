@@ -115,6 +115,7 @@ def test_a_bad_stage1_key_names_the_suite_entry(tmp_path):
         load_suite(path)
 
 
+@pytest.mark.slow
 def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted(tmp_path):
     uri, art = store(tmp_path / "store")
     tracker = Tracker(uri, art)
@@ -171,6 +172,7 @@ def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted
     assert len(pretraining_runs(tracker)) == 2  # the deleted one is not listed
 
 
+@pytest.mark.slow
 def test_a_failed_stage1_fails_its_stage2_runs_with_the_reason(tmp_path, monkeypatch):
     real = worker.run_experiment
 
@@ -193,6 +195,7 @@ def test_a_failed_stage1_fails_its_stage2_runs_with_the_reason(tmp_path, monkeyp
     assert (fixed.finished, fixed.pretrained_trained) == (4, 1)
 
 
+@pytest.mark.slow
 def test_worker_processes_train_each_distinct_stage1_once(tmp_path):
     """--jobs 2: two stage-1 configurations, each trained by one worker, four cells x 2 seeds."""
     tracker = Tracker(*store(tmp_path / "store"))
@@ -317,6 +320,7 @@ def test_a_method_without_a_global_model_cannot_be_a_stage1(tmp_path):
     assert "cannot be the stage 1" in outcome["error"] and "state" not in outcome
 
 
+@pytest.mark.slow
 def test_a_runner_that_loses_the_stage1_claim_waits_for_the_winners_state(tmp_path):
     """Another runner holds a live claim of the stage 1: this one trains nothing, waits, and uses
     the state the other logs (then marks FINISHED)."""

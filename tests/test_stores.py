@@ -70,6 +70,7 @@ def test_mask_and_split_credentials():
     assert split_credentials("postgresql://bob:pw@db/x") == ("postgresql://bob:pw@db/x", None, None)
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_tracking_server_never_prints_the_password(server, tmp_path):
     suite = write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", tiny_suite_dict())
     uri = server.replace("http://", f"http://alice:{SECRET}@")
@@ -85,6 +86,7 @@ def test_a_sweep_on_a_tracking_server_never_prints_the_password(server, tmp_path
     assert kinds == [("cell", "FINISHED"), ("sweep", "FINISHED")]  # the run and its sweep's parent run
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_fails_at_once_in_one_line(tmp_path):
     suite = write_suite(tmp_path / "mini.yaml", tiny_suite_dict())
     uri = f"http://alice:{SECRET}@127.0.0.1:{_free_port()}"  # nothing listens there
@@ -95,6 +97,7 @@ def test_an_unreachable_server_fails_at_once_in_one_line(tmp_path):
     assert SECRET not in done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_a_traceback_does_not_show_the_password(tmp_path):
     """A store URI MLflow refuses (a misspelt scheme) ends in MLflow's traceback, whose message
     quotes the URI: with the password masked."""

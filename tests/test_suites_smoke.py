@@ -255,6 +255,7 @@ def _smoke_params():
         yield pytest.param(key, id=key, marks=marks)
 
 
+@pytest.mark.slow
 def test_smoke_selection_covers_every_suite():
     """Every suite is smoke-run: cafeme/table1 through make, the others through SMOKE_ONLY; every
     cell value of every non-method axis is in some selected run."""
@@ -271,6 +272,7 @@ def test_smoke_selection_covers_every_suite():
                 assert {c[axis.name] for c in cells} == set(axis.labels), (key, axis.name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", list(_smoke_params()))
 def test_suite_smoke_runs_finish(key, data_env, smoke_tracker, request, monkeypatch):
     suite = suite_of(key)

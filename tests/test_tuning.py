@@ -178,6 +178,7 @@ def test_suite_tuned_key_is_validated(tmp_path):
 
 
 # -- a real study, resumed, then used by a run --------------------------------------------------
+@pytest.mark.slow
 def test_study_logs_trials_writes_tuned_file_resumes_and_a_run_uses_the_values(tmp_path, isolated, no_git, capsys, mlstore):
     path = write_suite(tmp_path / "suites" / "tiny" / "resume.yaml", suite_dict("resume"))
     uri, art = mlstore

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import benchmarks.worker as worker
@@ -16,6 +17,7 @@ from pfl_core.data.offline import synthetic_draws
 from conftest import tiny_suite_dict, write_suite
 
 
+@pytest.mark.slow
 def test_a_worker_on_offline_data_imports_neither_mlflow_nor_torchvision():
     """A spawned worker imports benchmarks.worker (the pickled execute_specs) and loads offline
     data: MLflow (the parent's business) and torchvision (real datasets only) stay unimported."""
