@@ -201,9 +201,23 @@ class Tracker:
         exp = self.experiment_id(name)
         current = self.client.get_experiment(exp).tags.get(ui.NOTE_TAG)
         if current is None or current.startswith(f"**{name}**"):
-            self.client.set_experiment_tag(exp, ui.NOTE_TAG, description)
-        self.client.set_experiment_tag(exp, ui.SAVED_VIEW_PREFIX + ui.VIEW_ID, ui.saved_view(columns, metric))
+            self.set_experiment_tag(exp, ui.NOTE_TAG, description)
+        self.set_experiment_tag(exp, ui.SAVED_VIEW_PREFIX + ui.VIEW_ID, ui.saved_view(columns, metric))
         return exp
+
+    def set_experiment_tag(self, exp: str, key: str, value: str, attempts: int = 4) -> None:
+        """``client.set_experiment_tag``, again when another runner inserted the same tag between
+        MLflow's read and its insert (a unique-constraint error; the retry updates the row)."""
+        for attempt in range(attempts):
+            try:
+                self.client.set_experiment_tag(exp, key, value)
+                return
+            except Exception as err:  # noqa: BLE001 - MLflow wraps the store's error in its own types
+                text = f"{type(err).__name__} {err}"
+                if attempt == attempts - 1 or not ("IntegrityError" in text or "UNIQUE constraint" in text
+                                                   or "duplicate key" in text):
+                    raise
+                time.sleep(0.05 * (attempt + 1))
 
     def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str = ui.CELL):
         """The runs of a suite's experiment (optionally of one status), newest first: its (cell, seed)
