@@ -27,6 +27,7 @@ from benchmarks import mlflow_ui as ui
 from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
 from benchmarks.suite import RunSpec, Suite, stage1_hash
 from pfl_core.bn_support import evaluation_bn_mode
+from pfl_core.config import EvaluationConfig
 
 STATE_DIR, STATE_FILE = "pretrained", "state.pt"
 """A stage-1 run's artifact ``pretrained/state.pt``: its :data:`pfl_core.pretrained.PretrainedState`."""
@@ -46,8 +47,13 @@ TRAIN_MODE_NOTE = ("its accuracies are a BN train-mode evaluation (each test bat
 
 
 def bn_evaluation(config: dict) -> str | None:
-    """The run's :data:`BN_EVALUATION_TAG` value from its resolved config (None: no BN state)."""
-    return evaluation_bn_mode(config["model"]["name"], config["evaluation"]["protocol"])
+    """The run's :data:`BN_EVALUATION_TAG` value from its config (None: no BN state, or no model
+    named); an unnamed protocol is the default one (:class:`pfl_core.config.EvaluationConfig`)."""
+    model = (config.get("model") or {}).get("name")
+    if model is None:
+        return None
+    protocol = (config.get("evaluation") or {}).get("protocol") or EvaluationConfig.protocol
+    return evaluation_bn_mode(model, protocol)
 
 
 def stage_tags(spec: RunSpec, info: dict) -> dict[str, str]:
