@@ -482,6 +482,7 @@ def test_run_with_report_renders_the_paper_pdf(reported, tmp_path, capsys):
     assert (out / "tiny.pdf").is_file() and "tiny [smoke]: 1 suite(s)" in printed
 
 
+@pytest.mark.slow  # renders the committed CGPFL snapshot's 10 pages
 def test_report_beside_a_committed_snapshot_says_which_is_which(reported, tmp_path, capsys):
     """``--beside-snapshot`` (make demo): the committed CGPFL Table 1 snapshot comes first in the
     PDF, page 1 counts its verdicts and says it is a snapshot that was not rerun; its pages carry no

@@ -22,7 +22,7 @@ from benchmarks.tracking import Tracker, read_npz_artifact
 from conftest import store, tiny_suite_dict, write_suite
 
 # its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_report_fedl2p")
+pytestmark = [pytest.mark.xdist_group("test_report_fedl2p"), pytest.mark.slow]  # store fixtures of FedL2P-shaped runs: make test, not test-fast
 
 DOMAINS = np.array(["art", "art", "clip", "clip", "real", "real"])
 #: a partition of the 6 clients that is not the domains' (LRNet input x in seed 2's arrays)

@@ -18,7 +18,7 @@ from conftest import store, write_suite
 from fake_data import write_cifar10
 
 # its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)
-pytestmark = pytest.mark.xdist_group("test_report_qualitative")
+pytestmark = [pytest.mark.xdist_group("test_report_qualitative"), pytest.mark.slow]  # analyses logged to a store: make test, not test-fast
 
 BASE = {
     "data": {"dataset": "cifar10", "num_clients": 4, "partition": {"name": "iid"}, "client_splits": {"test": 0.25}},
