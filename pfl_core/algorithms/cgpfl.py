@@ -149,7 +149,8 @@ def span_coordinates(x: np.ndarray) -> np.ndarray:
     round's clustering of 40 DNN uploads (about 10^5 parameters each) costs milliseconds instead of a third of the
     round (``benchmarks.speed`` workload ``cgpfl-mnist``). scikit-learn centres the data itself too.
     d <= n: only centred."""
-    centred = torch.from_numpy(x) - torch.from_numpy(x).mean(0)
+    points = torch.from_numpy(x)
+    centred = points - points.mean(0)
     if x.shape[1] <= x.shape[0]:
         return centred.numpy()
     return torch.linalg.qr(centred.T, mode="r").R.T.contiguous().numpy()

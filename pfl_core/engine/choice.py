@@ -38,14 +38,20 @@ def step_flops(model: nn.Module, input_shape: tuple[int, ...], batch_size: int) 
     """Matmul and convolution FLOPs of one training step (forward, cross-entropy, backward) of
     ``model`` on a batch of ``batch_size`` inputs of ``input_shape``, counted on a copy of the
     model on the ``meta`` device (shapes only: nothing is computed, the model is not touched)."""
-    template = copy.deepcopy(model).float().to("meta")
-    params = {k: v.detach().requires_grad_(True) for k, v in template.named_parameters()}
-    x = torch.zeros(batch_size, *input_shape, device="meta")
-    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
+    template, params, x, y = meta_step_inputs(model, input_shape, batch_size)
     with FlopCounterMode(display=False) as counter:
         logits = torch.func.functional_call(template, params, (x,))
         torch.autograd.grad(F.cross_entropy(logits, y), list(params.values()), allow_unused=True)
     return float(counter.get_total_flops())
+
+
+def meta_step_inputs(model: nn.Module, input_shape: tuple[int, ...], batch_size: int):
+    """(a float copy of ``model`` on the ``meta`` device, its parameters requiring grad, a batch
+    of inputs, labels): one training step's shapes, for counting without computing."""
+    template = copy.deepcopy(model).float().to("meta")
+    params = {k: v.detach().requires_grad_(True) for k, v in template.named_parameters()}
+    x = torch.zeros(batch_size, *input_shape, device="meta")
+    return template, params, x, torch.zeros(batch_size, dtype=torch.long, device="meta")
 
 
 def choose_execution(device_type: str, flops_per_step: float | None, clients_per_call: int,

@@ -15,12 +15,13 @@ Splitting a bucket into stacks changes no number: each client's computation is i
 """
 from __future__ import annotations
 
-import copy
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pfl_core.engine.choice import meta_step_inputs
 
 #: Copies of the parameters a stacked client holds besides its activations: the parameters, their
 #: gradients, an optimiser moment and the update being formed (a harness estimate).
@@ -33,16 +34,13 @@ def client_step_bytes(model: nn.Module, input_shape: tuple[int, ...], batch_size
     """Bytes one stacked client needs for one training step: the tensors autograd saves for the
     backward of a forward at ``batch_size`` (counted on a ``meta`` copy of the model) plus
     :data:`PARAMETER_COPIES` copies of its parameters."""
-    template = copy.deepcopy(model).float().to("meta")
-    params = {k: v.detach().requires_grad_(True) for k, v in template.named_parameters()}
+    template, params, x, y = meta_step_inputs(model, input_shape, batch_size)
     saved = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved[0] += t.numel() * t.element_size()
         return t
 
-    x = torch.zeros(batch_size, *input_shape, device="meta")
-    y = torch.zeros(batch_size, dtype=torch.long, device="meta")
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         F.cross_entropy(torch.func.functional_call(template, params, (x,)), y)
     weights = sum(p.numel() * p.element_size() for p in params.values())
