@@ -187,10 +187,10 @@ def cmd_list(args) -> int:
 
 def list_suites() -> None:
     """One line per packaged suite: its short name (what ``pflbench run`` takes), title and profiles."""
-    import yaml
+    from benchmarks.suite_file import read_suite_file
 
     for name in suite_names():
-        raw = yaml.safe_load((suites_dir() / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+        raw = read_suite_file(suites_dir() / f"{name}.yaml")
         profiles = ", ".join(["paper", *(p for p in raw.get("profiles") or {} if p != "paper")])
         print(f"{name:20s} {raw.get('table', '')} (profiles: {profiles})")
 

@@ -3,6 +3,8 @@
 A suite file (``suites/<paper>/<name>.yaml``) holds:
 
 * ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
+* ``extends``: shared files of the paper's suites merged under this one
+  (:mod:`benchmarks.suite_file`: mappings merge, ``notes``/``overrides``/``marks`` lists extend).
 * ``metric``: which run metric is tabulated and how the paper averaged it
   (``key``, ``label``, ``scale``, ``averaging``, ``pm``: std|sem|none, ``ddof``), and how the report
   computes and compares it (``aggregate``: final|last3_of_seed_mean_curve|best_val_round|
@@ -63,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.code_reference import Checks, parse_code_reference
-from benchmarks.yaml_file import YamlFileError, read_yaml
+from benchmarks.suite_file import read_suite_file
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 from benchmarks.suite_schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISHED_KEYS, QUANTITY_KEYS,
@@ -360,10 +362,7 @@ def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file (a path, or a packaged suite's ``<paper>/<name>``); every run
     of every profile is checked before returning."""
     path = resolve_suite(path)
-    try:
-        raw = read_yaml(path)
-    except YamlFileError as err:
-        raise SuiteError(str(err)) from None
+    raw = read_suite_file(path)
     check_keys(raw, TOP_KEYS, str(path), REQUIRED_KEYS)
     check_metric(raw["metric"], path)
     check_seeds(raw["seeds"], f"{path}: seeds")

@@ -23,7 +23,7 @@ from pfl_core.registry import UnknownNameError
 
 TOP_KEYS = {"paper", "name", "table", "caption", "notes", "metric", "base", "grid", "methods",
             "overrides", "seeds", "profiles", "published", "tuned", "code_reference", "marks",
-            "published_quantities"}
+            "published_quantities", "extends"}
 
 
 OVERRIDE_KEYS = {"when", "set"}
