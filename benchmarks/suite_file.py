@@ -74,8 +74,9 @@ def _shared_files(raw: dict, path: Path) -> list[Path]:
 
 
 def read_suite_file(path: Path) -> dict:
-    """The suite at ``path`` as a mapping, its ``extends`` files merged in (the ``extends`` key
-    itself kept, naming what was merged); :class:`SuiteError` naming the file and the fix."""
+    """The suite at ``path`` as a mapping, its ``extends`` files merged in: a complete suite that no
+    longer names them (it can be written anywhere and loads alike); :class:`SuiteError` naming the
+    file and the fix."""
     raw = _read(path)
     if not isinstance(raw, dict):
         raise SuiteError(f"{path}: expected a mapping of suite keys (paper, name, metric, base, grid, ...), "
@@ -94,5 +95,5 @@ def read_suite_file(path: Path) -> dict:
                              f"holds only {sorted(TOP_KEYS - SUITE_ONLY)})")
         merged = merge(merged, shared)
     own = dict(raw)
-    extends = own.pop("extends")
-    return {**merge(merged, own), "extends": extends}
+    own.pop("extends")
+    return merge(merged, own)

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
 
 from benchmarks.suite_schema import FREE_FORM, SCHEMA_KEYS, leaves as _leaves
 from pfl_core.algorithms import METHODS
 from pfl_core.data import DATASETS
 from pfl_core.evaluation import PROTOCOLS
 from pfl_core.models import MODELS
+from benchmarks.suite_file import read_suite_file
 
 REGISTRIES = {"method.name": ("method", METHODS), "data.dataset": ("dataset", DATASETS),
               "model.name": ("model", MODELS), "evaluation.protocol": ("protocol", PROTOCOLS)}
@@ -50,7 +50,7 @@ def _analyses(value: Any) -> list[str]:
 
 def unregistered(path: Path) -> list[str]:
     """``["method 'metavers'", "config key 'federation.early_stopping'", ...]`` (empty: all known)."""
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = read_suite_file(Path(path))
     missing = []
     method_keys = set(raw.get("methods") or {})
     for prof in (raw.get("profiles") or {}).values():

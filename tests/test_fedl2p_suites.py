@@ -20,13 +20,13 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 import benchmarks.suite as suite_module
 from benchmarks.suite import Suite, _parse_axis, cell_id, load_suite
 from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
+from benchmarks.suite_file import read_suite_file
 
 SUITES = REPO_ROOT / "suites" / "fedl2p"
 SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
@@ -45,7 +45,7 @@ GRIDS = {"table1": (4 * 3 * 2, 3), "table2": (4 * 2 * 6, 3), "table3": ((4 + 1 +
 
 
 def raw(name: str) -> dict:
-    return yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+    return read_suite_file(SUITES / f"{name}.yaml")
 
 
 def spec_text(name: str) -> str:

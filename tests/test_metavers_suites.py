@@ -13,12 +13,12 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from benchmarks.suite import cell_id, load_suite
 from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
+from benchmarks.suite_file import read_suite_file
 
 SUITES = REPO_ROOT / "suites" / "metavers"
 SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
@@ -32,7 +32,7 @@ ABLATIONS = {"Only CE loss": "Only-CE", "Only Triplet loss": "Only-Triplet", "On
 
 
 def raw(name: str) -> dict:
-    return yaml.safe_load((SUITES / f"{name}.yaml").read_text())
+    return read_suite_file(SUITES / f"{name}.yaml")
 
 
 def spec_text(name: str) -> str:

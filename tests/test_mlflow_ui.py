@@ -5,7 +5,6 @@ import json
 import math
 
 import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
 import benchmarks.runner as runner
@@ -17,6 +16,7 @@ from benchmarks.runner import run_sweep
 from benchmarks.suite import Suite, _parse_axis, load_suite
 from benchmarks.tracking import Tracker, command_line
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
+from benchmarks.suite_file import read_suite_file
 
 FAKE_GIT = ("0123456789abcdef0123456789abcdef01234567", False)
 COMMAND = "pflbench run suites/tiny/mini.yaml --profile smoke"
@@ -158,7 +158,7 @@ def test_run_names_are_short_method_first_and_distinct_in_every_suite():
     assert ui.run_name({"dataset": "mnist"}, "cgpfl", 0) == "cgpfl · mnist · s0"  # no method axis
     assert ui.run_name({"method": "fedavg"}, "fedavg", 2) == "fedavg · s2"
     for path in sorted((REPO_ROOT / "suites").glob("*/*.yaml")):  # the raw grids: no registry needed
-        grid = yaml.safe_load(path.read_text())["grid"]
+        grid = read_suite_file(path)["grid"]
         cells = Suite(path, {}, [_parse_axis(a, f"grid[{i}]") for i, a in enumerate(grid)]).cells()
         names = [ui.run_name(cell, "m", 1) for cell in cells]
         assert len(set(names)) == len(cells), path
@@ -260,5 +260,5 @@ def test_mlflow_ui_main_prints_each_experiment_link(tmp_path, capsys):
     exp = Tracker(uri, art).experiment_id("tiny/mini")
     assert ui.main(["--store", uri, "--base", "http://127.0.0.1:5001"]) == 0
     out = capsys.readouterr().out
-    assert f"tiny/mini" in out and ui.experiment_url("http://127.0.0.1:5001", exp) in out
+    assert "tiny/mini" in out and ui.experiment_url("http://127.0.0.1:5001", exp) in out
     assert "Default" not in out
