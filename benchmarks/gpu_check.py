@@ -10,7 +10,7 @@ Steps:
    cases on CUDA against the CPU, in float64 and in float32 with TF32 off); they skip without CUDA.
 2. ``guard``: ``tests/test_gpu_guard.py``, the stand-in device checks (mismatches, host syncs in a
    client step, float64, sync budgets); a CPU test, run in both modes.
-3. ``speed``: :mod:`benchmarks.speed`, sequential and batched paths, on CUDA and (cut down) on the CPU.
+3. ``speed``: :mod:`benchmarks.timing.speed`, sequential and batched paths, on CUDA and (cut down) on the CPU.
 
 Not built yet, listed in the report as such: step capture (item 5), the ``--jobs`` packing sweep
 and the RMNIST paper-profile slice.
@@ -57,8 +57,8 @@ def plan(cuda: bool, tests: str = "tests") -> list[tuple[str, list[str] | None, 
     steps = [("gpu tests", [*py, "pytest", "-q", "-m", "gpu", "-rs", tests], "the `gpu`-marked tests"),
              ("guard", [*py, "pytest", "-q", "-m", "not slow", "tests/test_gpu_guard.py"],
               "the GPU path on a stand-in device (CPU)"),
-             ("speed cpu", [*py, "benchmarks.speed", *quick_cpu], "speed benchmark, CPU side (one workload, cut down)"),
-             ("speed cuda", [*py, "benchmarks.speed", "--devices", "cuda"] if cuda else None,
+             ("speed cpu", [*py, "benchmarks.timing.speed", *quick_cpu], "speed benchmark, CPU side (one workload, cut down)"),
+             ("speed cuda", [*py, "benchmarks.timing.speed", "--devices", "cuda"] if cuda else None,
               "speed benchmark on CUDA, every workload, sequential / batched / lockstep seeds")]
     return steps
 

@@ -42,7 +42,7 @@ def test_cuda_n_becomes_the_current_device_and_is_the_one_synchronised(monkeypat
 
 
 def test_the_speed_benchmark_synchronises_its_own_device(monkeypatch):
-    from benchmarks import speed
+    from benchmarks.timing import speed
 
     seen = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(d))

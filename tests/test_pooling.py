@@ -102,7 +102,7 @@ def test_module_matches_nn_maxpool_in_a_model_step():
     params = model_params(model)
     x, y = torch.rand(6, 1, 28, 28), torch.randint(0, 10, (6,))
     ours, loss = gradients(model, params, x, y)
-    from benchmarks.block_timing import textbook  # the blocks the speed benchmark compares against
+    from benchmarks.timing.block_timing import textbook  # the blocks the speed benchmark compares against
 
     ref, ref_loss = gradients(textbook(model), params, x, y)
     assert torch.equal(loss, ref_loss)
@@ -150,9 +150,9 @@ def test_blocks_pool_before_relu_with_the_textbook_numbers(make_block, batchnorm
 
 
 def test_block_timing_benchmark_compares_bit_identical_models(capsys):
-    """benchmarks/block_timing.py (the speed claim of the two changes above) runs and finds the
+    """benchmarks/timing/block_timing.py (the speed claim of the two changes above) runs and finds the
     project's blocks and the textbook blocks at the same parameters after its steps."""
-    from benchmarks import block_timing
+    from benchmarks.timing import block_timing
 
     result = block_timing.compare("cafeme_cnn_a", (1, 28, 28), batch=4, steps=2, reps=1)
     assert result["bit_identical"] is True

@@ -1,4 +1,4 @@
-from benchmarks.round_timing import main
+from benchmarks.timing.round_timing import main
 
 
 def test_round_timing_prints_every_cell_and_a_projection(capsys):
@@ -11,7 +11,7 @@ def test_round_timing_prints_every_cell_and_a_projection(capsys):
 
 
 def test_projection_counts_the_periodic_evaluations():
-    from benchmarks.round_timing import projected_seconds
+    from benchmarks.timing.round_timing import projected_seconds
 
     assert projected_seconds({"rounds": 1000, "eval_every": 50}, 2.0, 10.0) == 1000 * 2.0 + 21 * 10.0
     assert projected_seconds({"rounds": 10}, 2.0, 10.0) == 10 * 2.0 + 10.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.speed import WORKLOADS, auto_choice
+from benchmarks.timing.speed import WORKLOADS, auto_choice
 
 
 def test_the_small_model_workloads_and_their_auto_paths():

@@ -211,7 +211,7 @@ def test_worker_processes_train_each_distinct_stage1_once(tmp_path):
 
 
 def test_round_timing_counts_each_distinct_stage1_once(tmp_path, monkeypatch, capsys):
-    import benchmarks.round_timing as timing
+    import benchmarks.timing.round_timing as timing
 
     suite = write(tmp_path, "timed", ALPHA_AXIS)  # 2 x 2 cells, 2 seeds, 2 distinct stage 1s
     timed = []
@@ -236,7 +236,7 @@ def test_round_timing_never_trains_a_stage1_inside_a_stage2_cell(tmp_path, monke
         raise AssertionError("a stage-2 timing trained its stage 1")
 
     monkeypatch.setattr(experiment.InProcessPretraining, "__call__", no_training)
-    from benchmarks.round_timing import main
+    from benchmarks.timing.round_timing import main
 
     suite = write(tmp_path)
     assert main([str(suite.path), "--only", "method=fedavg", "--rounds", "3", "--device", "cpu"]) == 0

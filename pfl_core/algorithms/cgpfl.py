@@ -147,7 +147,7 @@ def span_coordinates(x: np.ndarray) -> np.ndarray:
     n coordinates; R^T of the QR factorisation of the centred x^T). Every distance between points
     and means of points is unchanged up to float rounding, so k-means labels are the same while a
     round's clustering of 40 DNN uploads (about 10^5 parameters each) costs milliseconds instead of a third of the
-    round (``benchmarks.speed`` workload ``cgpfl-mnist``). scikit-learn centres the data itself too.
+    round (``benchmarks.timing.speed`` workload ``cgpfl-mnist``). scikit-learn centres the data itself too.
     d <= n: only centred."""
     points = torch.from_numpy(x)
     centred = points - points.mean(0)

@@ -91,7 +91,7 @@ def prox_update(p: torch.Tensor, grad: torch.Tensor, anchor: torch.Tensor, lr: f
     """``p - lr * (grad + lam (p - anchor) + hidden_l2 p)``, the pFedMe optimizer's step, as
     ``lerp(p, anchor, lr*lam) - lr*grad [- lr*hidden_l2*p]``: the same value up to float rounding in
     two passes over the parameters instead of five (on a stack of 40 clients' DNN weights the step
-    is memory-bound; ``benchmarks.speed`` workload ``cgpfl-mnist``). Out of place, so ``p`` and
+    is memory-bound; ``benchmarks.timing.speed`` workload ``cgpfl-mnist``). Out of place, so ``p`` and
     ``anchor`` may be one tensor shared by a vmapped stack while ``grad`` is per client."""
     out = torch.sub(torch.lerp(p, anchor, lr * lam), grad, alpha=lr)
     return out.sub_(p, alpha=lr * hidden_l2) if hidden_l2 else out

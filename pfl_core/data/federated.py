@@ -125,7 +125,7 @@ class ArrayDataset:
         same elementwise operations, so the same bits), made on first use and kept; None when the
         float copy would exceed the input cache (``PFL_INPUT_CACHE_MB``, default 1024 MiB, a harness
         choice; 0: never). Small-model runs spend most of a round converting and normalising their
-        batches otherwise (``benchmarks.speed``)."""
+        batches otherwise (``benchmarks.timing.speed``)."""
         if self._normalized is None and self.x.dtype == torch.float32 and self.mean is None:
             self._normalized = self.x  # float rows without mean/std are their own inputs
         if self._normalized is None and len(self) and self._cache_fits():

@@ -1,6 +1,6 @@
 """Measure seconds per federation round and per evaluation, and project a suite's wall-clock.
 
-    python -m benchmarks.round_timing suites/cafeme/table1.yaml --only dataset=rmnist --rounds 3
+    python -m benchmarks.timing.round_timing suites/cafeme/table1.yaml --only dataset=rmnist --rounds 3
 
 For every cell of the chosen profile (one seed), runs ``--rounds`` rounds and its evaluation on this
 machine, reports the mean seconds per round (the first round, which pays for warm-up, excluded when

@@ -1,6 +1,6 @@
 """The conv blocks' CPU kernels against the textbook blocks, in one run (issue 10).
 
-    python -m benchmarks.block_timing --threads 2
+    python -m benchmarks.timing.block_timing --threads 2
 
 Models A and B (CAFeMe) are built twice with the same initialisation: as the project builds them
 (``relu_then_pool``: Conv -> BN -> MaxPool -> ReLU, the max-pool's forward on the channels-last

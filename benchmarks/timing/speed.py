@@ -1,7 +1,7 @@
 """The speed benchmark: fixed workloads timed on the sequential and the batched path in one run.
 
-    python -m benchmarks.speed                      # every workload, CPU (and CUDA when present)
-    python -m benchmarks.speed --only fedavg-rmnist cafeme-rmnist --rounds 3 --csv speed.csv
+    python -m benchmarks.timing.speed                      # every workload, CPU (and CUDA when present)
+    python -m benchmarks.timing.speed --only fedavg-rmnist cafeme-rmnist --rounds 3 --csv speed.csv
 
 Each workload has the shapes of a paper cell (model, batch size, client sizes, local work, clients
 per round); the pixels are random (timing does not depend on them, and no dataset is needed). For
