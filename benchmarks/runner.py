@@ -28,7 +28,7 @@ from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV, CheckpointPlan, Wo
 from benchmarks.executors import ExecutorError, LocalExecutor, RayExecutor
 
 
-__all__ = ["DEFAULT_THREADS", "KILL_HOOK_ENV", "CheckpointPlan", "execute_specs", "run_sweep"]
+__all__ = ["DEFAULT_THREADS", "KILL_HOOK_ENV", "CheckpointPlan", "Sweep", "SweepOptions", "execute_specs", "run_sweep"]
 
 @dataclass
 class SweepSummary:
@@ -96,19 +96,39 @@ class SweepInterrupted(Interrupted):
                 f"run the same command again to resume")
 
 
-def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 1,
-              device: str = "auto", data_dir: str | None = None, echo=print,
-              executor: LocalExecutor | RayExecutor | None = None, execution: str = "auto",
-              lockstep_seeds: bool = False, lease_s: float = LEASE_S,
-              checkpoint_every: int = 0, checkpoint_dir: str | Path | None = None,
-              deterministic: bool = False, command: str | None = None, reuse: bool = True,
-              allow_tf32: bool = False, share_experiment: bool = False) -> SweepSummary:
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs (``pflbench run``'s flags); nothing here enters a config hash."""
+
+    jobs: int = 1
+    device: str = "auto"
+    data_dir: str | None = None
+    execution: str = "auto"
+    """``auto``/``sequential``/``batched``: how a run computes."""
+    lockstep_seeds: bool = False
+    """Run the pending seeds of each cell as one lockstep group (one unit of work)."""
+    lease_s: float = LEASE_S
+    checkpoint_every: int = 0
+    checkpoint_dir: str | Path | None = None
+    deterministic: bool = False
+    command: str | None = None
+    """The command recorded as the source of the parent run and of every run (default: this process's)."""
+    reuse: bool = True
+    allow_tf32: bool = False
+    share_experiment: bool = False
+
+
+def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, echo=print,
+              executor: LocalExecutor | RayExecutor | None = None, **options) -> SweepSummary:
     """Run every spec whose config hash has not FINISHED yet; log each as it completes, as a child
     of this call's parent run (``command``, default this process's command line, is the source of
-    both; :meth:`benchmarks.tracking.Tracker.start_sweep`).
-    ``executor`` defaults to ``LocalExecutor(jobs)``. ``execution`` is how a run computes
-    (``auto``/``sequential``/``batched``, never part of the config hash); ``lockstep_seeds`` runs
-    the pending seeds of each cell as one lockstep group (one unit of work for the executor).
+    both; :meth:`benchmarks.tracking.Tracker.start_sweep`). ``options`` are :class:`SweepOptions`'
+    fields; ``executor`` defaults to ``LocalExecutor(jobs)``. See :class:`Sweep`."""
+    return Sweep(suite, tracker, SweepOptions(**options), executor, echo).run(specs)
+
+
+class Sweep:
+    """One sweep of a suite's runs on one store.
 
     Each run is claimed (:mod:`benchmarks.claims`, lease ``lease_s``) just before a worker starts
     it, so concurrent sweeps of the same suite on the same store split the runs; RUNNING runs of
@@ -128,126 +148,140 @@ def run_sweep(suite: Suite, specs: list[RunSpec], tracker: Tracker, jobs: int = 
 
     The suite's experiment must admit the suite's file, or ``share_experiment`` admits it
     (:mod:`benchmarks.experiment_owner`): a refusal is raised before any run."""
-    started = time.perf_counter()
-    executor = executor or LocalExecutor(jobs)
-    if checkpoint_every < 0:
-        raise ExecutorError(f"--checkpoint-every must be >= 0 rounds, got {checkpoint_every}")
-    plan = CheckpointPlan(str(Path(checkpoint_dir or default_checkpoint_dir(tracker.uri)).resolve()),
-                          checkpoint_every) if checkpoint_every else None
-    distinct = unique(specs)
-    if len(distinct) < len(specs):
-        echo(f"{suite.key}: {len(specs) - len(distinct)} duplicate run(s) (same config hash as another) run once")
-    check_owner(tracker, suite, share=share_experiment)  # one suite file per experiment, before any run
-    claims = ClaimBook(tracker, suite.key, lease_s)
-    reaped = claims.reap_stale()
-    if reaped:
-        echo(f"{suite.key}: {len(reaped)} run(s) left RUNNING by a runner that died marked KILLED; recomputing them")
-    todo, _ = pending_runs(distinct, tracker)
-    skipped = len(specs) - len(todo)
-    if skipped:
-        echo(f"{suite.key}: {skipped} of {len(specs)} runs already FINISHED or duplicated, skipping them")
-    if todo:
-        echo(f"{suite.key}: {len(todo)} run(s), {executor.describe()}, device {device}")
-    git = git_state()
-    meta = {"paper": suite.paper, "table": suite.raw.get("table", "")}
-    command = command or command_line()
-    parent = tracker.start_sweep(suite, specs[0].profile if specs else "", command, git)
-    claims.own_sweep(parent)
-    finished = failed = elsewhere = reused = 0
-    held: dict[str, str] = {}  # config hash -> run id of our claim
-    shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
-    by_hash = {spec.config_hash: spec for spec in todo}
-    worker_args = WorkerArgs(device, data_dir, executor.threads, executor.in_process, execution, plan, deterministic,
-                             allow_tf32)
-    pretrained = None  # the stage-1 states (benchmarks.stages), resolved before any run is claimed
-    states_dir = Path(tempfile.mkdtemp(prefix="pflbench-pretrained-"))
-    resolution = Resolution(None)
-    bar = tqdm(total=len(todo), desc=f"{suite.key} runs", unit="run")
 
-    def record(spec: RunSpec, outcome: dict) -> None:
-        nonlocal finished, failed
-        run_id = held.pop(spec.config_hash)
-        tracker.log(spec, meta, outcome, git, run_id=run_id, parent=parent, command=command)
-        claims.done(run_id)
-        if plan is not None:
-            plan.discard(spec)
+    def __init__(self, suite: Suite, tracker: Tracker, options: SweepOptions,
+                 executor: LocalExecutor | RayExecutor | None = None, echo=print):
+        if options.checkpoint_every < 0:
+            raise ExecutorError(f"--checkpoint-every must be >= 0 rounds, got {options.checkpoint_every}")
+        self.suite, self.tracker, self.options, self.echo = suite, tracker, options, echo
+        self.executor = executor or LocalExecutor(options.jobs)
+        self.plan = CheckpointPlan(str(Path(options.checkpoint_dir or default_checkpoint_dir(tracker.uri)).resolve()),
+                                   options.checkpoint_every) if options.checkpoint_every else None
+        self.finished = self.failed = self.elsewhere = self.reused = 0
+        self.held: dict[str, str] = {}  # config hash -> run id of our claim
+        self.shield = contextlib.nullcontext  # signals_interrupt's guard once the sweep starts
+        self.pretrained = None  # the stage-1 states (benchmarks.stages), resolved before any run is claimed
+        self.resolution = Resolution(None)
+
+    def run(self, specs: list[RunSpec]) -> SweepSummary:
+        started = time.perf_counter()
+        suite, tracker, opts, echo = self.suite, self.tracker, self.options, self.echo
+        distinct = unique(specs)
+        if len(distinct) < len(specs):
+            echo(f"{suite.key}: {len(specs) - len(distinct)} duplicate run(s) (same config hash as another) run once")
+        check_owner(tracker, suite, share=opts.share_experiment)  # one suite file per experiment, before any run
+        self.claims = ClaimBook(tracker, suite.key, opts.lease_s)
+        reaped = self.claims.reap_stale()
+        if reaped:
+            echo(f"{suite.key}: {len(reaped)} run(s) left RUNNING by a runner that died marked KILLED; recomputing them")
+        self.todo, _ = pending_runs(distinct, tracker)
+        skipped = len(specs) - len(self.todo)
+        if skipped:
+            echo(f"{suite.key}: {skipped} of {len(specs)} runs already FINISHED or duplicated, skipping them")
+        if self.todo:
+            echo(f"{suite.key}: {len(self.todo)} run(s), {self.executor.describe()}, device {opts.device}")
+        self.git = git_state()
+        self.meta = {"paper": suite.paper, "table": suite.raw.get("table", "")}
+        self.command = opts.command or command_line()
+        self.parent = tracker.start_sweep(suite, specs[0].profile if specs else "", self.command, self.git)
+        self.claims.own_sweep(self.parent)
+        self.worker_args = WorkerArgs(opts.device, opts.data_dir, self.executor.threads, self.executor.in_process,
+                                      opts.execution, self.plan, opts.deterministic, opts.allow_tf32)
+        self.states_dir = Path(tempfile.mkdtemp(prefix="pflbench-pretrained-"))
+        self.bar = tqdm(total=len(self.todo), desc=f"{suite.key} runs", unit="run")
+        self.submitted = time.time()
+        self._compute(skipped, len(specs))
+        if self.elsewhere:
+            echo(f"{suite.key}: {self.elsewhere} run(s) claimed or finished by another runner, left to it")
+        r = self.resolution
+        return SweepSummary(len(specs), skipped, self.finished, self.failed, time.perf_counter() - started,
+                            elsewhere=self.elsewhere, parent_run_id=self.parent, pretrained_reused=r.reused,
+                            pretrained_trained=r.trained, pretrained_failed=r.failed, reused=self.reused)
+
+    def _compute(self, skipped: int, total: int) -> None:
+        """Reuse, resolve stage 1, run the rest; on any exit release the claims and close the parent run."""
+        interrupted = None
+        results = None
+        try:
+            with signals_interrupt() as guard:
+                self.shield = guard.shielded
+                if self.options.reuse and self.todo:
+                    self.todo, self.reused, taken = reuse_finished(self.todo, self.tracker, self.claims, self.meta,
+                                                                   self.git, self.parent, self.command, self.echo)
+                    self.elsewhere += taken
+                    self.bar.update(self.reused + taken)
+                self.resolution = resolve_stage1(self.todo, self.tracker, self.executor, self.states_dir,
+                                                 self.worker_args, self.meta, self.git, self.command,
+                                                 sweep_tags(self.suite.key, self.parent), self.options.lease_s, self.echo)
+                self.pretrained = self.resolution.provider
+                by_hash = {spec.config_hash: spec for spec in self.todo}
+                results = self.executor.map(execute_specs, self._claimed_calls())
+                for key, outcomes, error in results:
+                    group = [by_hash[h] for h in key]
+                    if error is not None:
+                        lost = {"started": self.submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
+                        outcomes = [lost] * len(group)
+                    for spec, outcome in zip(group, outcomes):
+                        with self.shield():
+                            self._record(spec, outcome)
+        except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP (benchmarks.lifecycle)
+            interrupted = err
+            if results is not None:
+                results.close()  # kills the workers, drops the queue
+            name = getattr(err, "signal_name", "SIGINT")
+            killed = self.claims.release_all(f"interrupted by {name} before it finished; the next sweep recomputes it")
+            raise SweepInterrupted(name, self.finished, self.failed, killed) from None
+        except BaseException as err:  # an error, e.g. a full disk while a run is written (issue 29, item 3)
+            interrupted = err
+            if results is not None:
+                results.close()
+            with contextlib.suppress(Exception):  # the store itself may be what fails: then the next start reaps them
+                self.claims.release_all(f"the sweep stopped on {type(err).__name__}: {err}; the next sweep recomputes "
+                                        f"it", status="FAILED")
+            raise
+        finally:
+            if results is not None:
+                results.close()
+            self.claims.close()
+            self.bar.close()
+            shutil.rmtree(self.states_dir, ignore_errors=True)
+            counts = {"total": total, "skipped": skipped, "finished": self.finished, "failed": self.failed,
+                      "reused": self.reused}
+            if interrupted is None or isinstance(interrupted, KeyboardInterrupt):
+                self.tracker.end_sweep(self.parent, counts, interrupted)
+            else:
+                with contextlib.suppress(Exception):  # never hide the error that stopped the sweep
+                    self.tracker.end_sweep(self.parent, counts, interrupted)
+
+    def _record(self, spec: RunSpec, outcome: dict) -> None:
+        """Log one run's outcome into the run it claimed and release the claim."""
+        run_id = self.held.pop(spec.config_hash)
+        self.tracker.log(spec, self.meta, outcome, self.git, run_id=run_id, parent=self.parent, command=self.command)
+        self.claims.done(run_id)
+        if self.plan is not None:
+            self.plan.discard(spec)
         if "error" in outcome:
-            failed += 1
-            bar.write(f"FAILED {spec.cell_id} seed={spec.seed}: {outcome['error']}")
+            self.failed += 1
+            self.bar.write(f"FAILED {spec.cell_id} seed={spec.seed}: {outcome['error']}")
         else:
-            finished += 1
-        bar.update(1)
+            self.finished += 1
+        self.bar.update(1)
 
-    def claimed_calls():
+    def _claimed_calls(self):
         """The units of work, each claimed when a worker is free for it (runs another runner
         holds or finished are left to it)."""
-        nonlocal elsewhere
-        for group in group_specs(todo, lockstep_seeds):
+        for group in group_specs(self.todo, self.options.lockstep_seeds):
             won = []
             for spec in group:
-                with shield():
-                    run_id = claims.claim(spec.config_hash, tracker.run_tags(spec, meta, {}, git, parent, command))
+                with self.shield():
+                    run_id = self.claims.claim(spec.config_hash,
+                                               self.tracker.run_tags(spec, self.meta, {}, self.git, self.parent,
+                                                                     self.command))
                 if run_id is None:
-                    elsewhere += 1
-                    bar.update(1)
+                    self.elsewhere += 1
+                    self.bar.update(1)
                 else:
-                    held[spec.config_hash] = run_id
+                    self.held[spec.config_hash] = run_id
                     won.append(spec)
             if won:
-                yield tuple(s.config_hash for s in won), (won, *worker_args, pretrained)
-
-    submitted = time.time()
-    interrupted = None
-    results = None
-    try:
-        with signals_interrupt() as guard:
-            shield = guard.shielded
-            if reuse and todo:
-                todo, reused, taken = reuse_finished(todo, tracker, claims, meta, git, parent, command, echo)
-                elsewhere += taken
-                bar.update(reused + taken)
-            resolution = resolve_stage1(todo, tracker, executor, states_dir, worker_args, meta, git, command,
-                                        sweep_tags(suite.key, parent), lease_s, echo)
-            pretrained = resolution.provider
-            results = executor.map(execute_specs, claimed_calls())
-            for key, outcomes, error in results:
-                group = [by_hash[h] for h in key]
-                if error is not None:
-                    lost = {"started": submitted, "ended": time.time(), "error": f"{type(error).__name__}: {error}"}
-                    outcomes = [lost] * len(group)
-                for spec, outcome in zip(group, outcomes):
-                    with shield():
-                        record(spec, outcome)
-    except KeyboardInterrupt as err:  # SIGINT, SIGTERM, SIGHUP (benchmarks.lifecycle)
-        interrupted = err
-        if results is not None:
-            results.close()  # kills the workers, drops the queue
-        name = getattr(err, "signal_name", "SIGINT")
-        killed = claims.release_all(f"interrupted by {name} before it finished; the next sweep recomputes it")
-        raise SweepInterrupted(name, finished, failed, killed) from None
-    except BaseException as err:  # an error, e.g. a full disk while a run is written (issue 29, item 3)
-        interrupted = err
-        if results is not None:
-            results.close()
-        with contextlib.suppress(Exception):  # the store itself may be what fails: then the next start reaps them
-            claims.release_all(f"the sweep stopped on {type(err).__name__}: {err}; the next sweep recomputes it",
-                               status="FAILED")
-        raise
-    finally:
-        if results is not None:
-            results.close()
-        claims.close()
-        bar.close()
-        shutil.rmtree(states_dir, ignore_errors=True)
-        counts = {"total": len(specs), "skipped": skipped, "finished": finished, "failed": failed, "reused": reused}
-        if interrupted is None or isinstance(interrupted, KeyboardInterrupt):
-            tracker.end_sweep(parent, counts, interrupted)
-        else:
-            with contextlib.suppress(Exception):  # never hide the error that stopped the sweep
-                tracker.end_sweep(parent, counts, interrupted)
-    if elsewhere:
-        echo(f"{suite.key}: {elsewhere} run(s) claimed or finished by another runner, left to it")
-    return SweepSummary(len(specs), skipped, finished, failed, time.perf_counter() - started, elsewhere=elsewhere,
-                        parent_run_id=parent, pretrained_reused=resolution.reused,
-                        pretrained_trained=resolution.trained, pretrained_failed=resolution.failed,
-                        reused=reused)
+                yield tuple(s.config_hash for s in won), (won, *self.worker_args, self.pretrained)
