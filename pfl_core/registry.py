@@ -1,7 +1,12 @@
-"""A small name -> object registry shared by datasets, partitioners, models and methods."""
+"""A small name -> object registry shared by methods, models, datasets, partitioners, evaluation
+protocols and post-run analyses, and the one rule by which they are found: a module registers what
+it defines when it is imported, and its package imports every module it holds
+(:func:`import_package_modules`), so adding a file is all it takes to add one."""
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+import importlib
+import pkgutil
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -45,3 +50,11 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
+
+
+def import_package_modules(package: str, path: Iterable[str]) -> None:
+    """Import every module and subpackage of ``package`` (its ``__name__`` and ``__path__``) except
+    those named ``_*`` (plumbing such as ``algorithms/_lib``), so each registers its entries."""
+    for module in pkgutil.iter_modules(path):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package}.{module.name}")

@@ -6,17 +6,12 @@ maths (GP, hypergradients, margin losses, episodes), functional optimisers, head
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from pfl_core.registry import Registry
+from pfl_core.registry import Registry, import_package_modules
 
 METHODS: Registry = Registry("method")
 
 from pfl_core.algorithms.base import Algorithm  # noqa: E402
 
-for _module in pkgutil.iter_modules(__path__):
-    if not _module.name.startswith("_"):  # _lib: method maths and plumbing, no methods
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_package_modules(__name__, __path__)  # _lib: method maths and plumbing, no methods
 
 __all__ = ["METHODS", "Algorithm"]

@@ -9,4 +9,6 @@ each adds metrics and named arrays (logged as ``<name>.npz`` artifacts) to the r
 """
 from pfl_core.analysis.base import (ANALYSES, ANALYSIS_METRICS, AnalysisOutput, parse_analyses,  # noqa: F401
                                     run_analyses)
-from pfl_core.analysis import embeddings, leakage, personalization  # noqa: F401,E402  (registers them)
+from pfl_core.registry import import_package_modules  # noqa: E402
+
+import_package_modules(__name__, __path__)  # embeddings, leakage, personalization register themselves

@@ -19,9 +19,9 @@ from pfl_core.data.partitions import (
     split_by_assignment,
 )
 from pfl_core.data.splits import split_indices, split_seen_unseen
-from pfl_core.data import (  # noqa: F401  (register datasets)
-    cgpfl_split, cifar10c, cinic, domains, femnist, metadataset, novel_class, rmnist, speech_commands,
-)
+from pfl_core.registry import import_package_modules
+
+import_package_modules(__name__, __path__)  # each dataset module registers its loaders
 
 __all__ = [
     "ArrayDataset",

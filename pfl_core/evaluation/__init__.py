@@ -14,15 +14,12 @@ a new protocol is one file that registers itself.
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from pfl_core.evaluation.config import EvalConfig
+from pfl_core.registry import import_package_modules
 from pfl_core.evaluation.protocol import PROTOCOLS, Protocol
 from pfl_core.evaluation.results import SUMMARY_KEYS, ClientResult, EvalResult, check_finite_results, summarise
 
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_package_modules(__name__, __path__)
 
 from pfl_core.evaluation import finetune_pretrained, novel_class, proto  # noqa: E402
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from pfl_core.registry import Registry
+from pfl_core.registry import Registry, import_package_modules
 
 MODELS: Registry = Registry("model")
 
@@ -30,9 +30,4 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-import importlib  # noqa: E402
-import pkgutil  # noqa: E402
-
-# every module of this package registers its models on import
-for _module in pkgutil.iter_modules(__path__):
-    importlib.import_module(f"{__name__}.{_module.name}")
+import_package_modules(__name__, __path__)  # every module of this package registers its models on import
