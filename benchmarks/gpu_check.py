@@ -11,9 +11,13 @@ Steps:
 2. ``guard``: ``tests/test_gpu_guard.py``, the stand-in device checks (mismatches, host syncs in a
    client step, float64, sync budgets); a CPU test, run in both modes.
 3. ``speed``: :mod:`benchmarks.timing.speed`, sequential and batched paths, on CUDA and (cut down) on the CPU.
+4. ``packing``: :mod:`benchmarks.timing.packing`, the same demo runs swept with ``--jobs`` 1, 2, 4, 8
+   on the GPU (runs per hour each); on the CPU two smoke runs with ``--jobs`` 1 and 2 exercise it.
+5. ``rmnist slice``: :mod:`benchmarks.timing.round_timing` on CAFeMe Table 1's RMNIST cells at the
+   ``paper`` profile (FedAvg and CAFeMe, 3 rounds each, projected to the RMNIST half of the
+   table); it needs MNIST under ``--data-dir`` (or ``PFL_DATA_DIR``) on the GPU machine.
 
-Not built yet, listed in the report as such: step capture (item 5), the ``--jobs`` packing sweep
-and the RMNIST paper-profile slice.
+Not built yet, listed in the report as such: step capture (item 5 of the issue).
 """
 from __future__ import annotations
 
@@ -24,8 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-NOT_BUILT = ["speed benchmark with step capture (CUDA graphs; issue 26 item 5)",
-             "`--jobs N` packing sweep on one GPU", "RMNIST paper-profile slice (CAFeMe Table 1)"]
+NOT_BUILT = ["speed benchmark with step capture (CUDA graphs; issue 26 item 5)"]
 
 
 @dataclass
@@ -50,16 +53,26 @@ def _run(name: str, argv: list[str], timeout: int) -> Step:
                 "\n".join(output.strip().splitlines()[-40:]), " ".join(argv[2:] if argv[1] == "-m" else argv[1:]))
 
 
-def plan(cuda: bool, tests: str = "tests") -> list[tuple[str, list[str] | None, str]]:
+def plan(cuda: bool, tests: str = "tests", data_dir: str | None = None) -> list[tuple[str, list[str] | None, str]]:
     """(step name, command or None when it needs a GPU this machine lacks, why) of every step."""
     py = [sys.executable, "-m"]
+    data = ["--data-dir", data_dir] if data_dir else []
     quick_cpu = ["--devices", "cpu", "--only", "cafeme-rmnist", "--rounds", "1", "--seeds", "1", "--threads", "1"]
     steps = [("gpu tests", [*py, "pytest", "-q", "-m", "gpu", "-rs", tests], "the `gpu`-marked tests"),
              ("guard", [*py, "pytest", "-q", "-m", "not slow", "tests/test_gpu_guard.py"],
               "the GPU path on a stand-in device (CPU)"),
              ("speed cpu", [*py, "benchmarks.timing.speed", *quick_cpu], "speed benchmark, CPU side (one workload, cut down)"),
              ("speed cuda", [*py, "benchmarks.timing.speed", "--devices", "cuda"] if cuda else None,
-              "speed benchmark on CUDA, every workload, sequential / batched / lockstep seeds")]
+              "speed benchmark on CUDA, every workload, sequential / batched / lockstep seeds"),
+             ("packing cpu", [*py, "benchmarks.timing.packing", "demo/offline", "--profile", "smoke", "--jobs", "1", "2",
+                              "--runs", "2", "--device", "cpu"], "--jobs packing sweep, CPU side (two smoke runs)"),
+             ("packing cuda", [*py, "benchmarks.timing.packing", "demo/offline", "--profile", "quick", "--jobs", "1", "2",
+                               "4", "8", "--runs", "16", "--device", "cuda"] if cuda else None,
+              "--jobs packing sweep on one GPU: 16 demo runs with --jobs 1, 2, 4, 8"),
+             ("rmnist slice", [*py, "benchmarks.timing.round_timing", "cafeme/table1", "--profile", "paper", "--only",
+                               "dataset=rmnist", "--only", "method=fedavg,cafeme", "--rounds", "3", "--device", "cuda",
+                               *data] if cuda else None,
+              "CAFeMe Table 1, RMNIST cells, paper profile: 3 rounds per cell and the projection (needs MNIST)")]
     return steps
 
 
@@ -73,7 +86,7 @@ def device_slug(cuda: bool) -> str:
 
 
 def run_check(out: Path = Path("reports/gpu"), dry_run: bool = False, tests: str = "tests",
-              timeout: int = 3600) -> tuple[Path, list[Step]]:
+              timeout: int = 3600, data_dir: str | None = None) -> tuple[Path, list[Step]]:
     """Run the steps (dry mode without CUDA or with ``dry_run``) and write the report."""
     import torch
 
@@ -82,7 +95,7 @@ def run_check(out: Path = Path("reports/gpu"), dry_run: bool = False, tests: str
     cuda = torch.cuda.is_available() and not dry_run
     configure_device("cuda" if cuda else "cpu")  # TF32 off, as in every step (the report's flags)
     steps = []
-    for name, argv, why in plan(cuda, tests):
+    for name, argv, why in plan(cuda, tests, data_dir):
         step = _run(name, argv, timeout) if argv else Step(name, "needs a GPU", output=why)
         if name == "gpu tests" and not cuda and step.status == "passed":
             step.status = "passed (skipped: need CUDA)" if " skipped" in step.output else step.status
@@ -125,10 +138,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", default="reports/gpu", help="report folder (default reports/gpu)")
     parser.add_argument("--dry-run", action="store_true", help="dry mode even with a GPU (CPU steps only)")
     parser.add_argument("--tests", default="tests", help="where the gpu-marked tests are collected (default tests)")
+    parser.add_argument("--data-dir", default=None,
+                        help="datasets for the RMNIST slice (MNIST in torchvision's layout; default PFL_DATA_DIR)")
 
 
 def cmd_gpu_check(args) -> int:
-    path, steps = run_check(Path(args.out), args.dry_run, args.tests)
+    path, steps = run_check(Path(args.out), args.dry_run, args.tests, data_dir=args.data_dir)
     needs = [s.name for s in steps if s.status == "needs a GPU"]
     print(f"gpu-check: report {path}" + (f"; needs a GPU: {', '.join(needs)}" if needs else ""))
     return 1 if any(s.status == "failed" for s in steps) else 0

@@ -21,6 +21,22 @@ def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
     assert on_gpu["speed cuda"][-2:] == ["--devices", "cuda"] and "cpu" in on_gpu["speed cpu"]
     on_cpu = {name: argv for name, argv, _ in gpu_check.plan(cuda=False)}
     assert on_cpu["speed cuda"] is None and all(on_cpu[k] for k in ("gpu tests", "guard", "speed cpu"))
+    assert on_cpu["packing cuda"] is None and on_cpu["rmnist slice"] is None and on_cpu["packing cpu"]
+    assert on_gpu["packing cuda"][-5:] == ["8", "--runs", "16", "--device", "cuda"]
+    sliced = gpu_check.plan(cuda=True, data_dir="/data")
+    rmnist = dict((name, argv) for name, argv, _ in sliced)["rmnist slice"]
+    assert rmnist[-2:] == ["--data-dir", "/data"] and "dataset=rmnist" in rmnist and "paper" in rmnist
+
+
+def test_the_rmnist_slice_names_real_cells_of_the_paper_profile():
+    """The slice's suite, profile and --only labels exist (a renamed label would fail on the GPU)."""
+    from benchmarks.suite import load_suite, parse_only
+
+    argv = dict((name, argv) for name, argv, _ in gpu_check.plan(cuda=True))["rmnist slice"]
+    only = parse_only([argv[i + 1] for i, a in enumerate(argv) if a == "--only"])
+    specs = load_suite(argv[argv.index("benchmarks.timing.round_timing") + 1]).expand(
+        argv[argv.index("--profile") + 1], seeds=[0], only=only)
+    assert {s.cell["method"] for s in specs} == {"fedavg", "cafeme"} and {s.cell["dataset"] for s in specs} == {"rmnist"}
 
 
 @pytest.mark.slow
@@ -29,10 +45,11 @@ def test_the_dry_mode_runs_what_a_cpu_can_and_names_what_needs_a_gpu(tmp_path, m
     quick commands (their own tests cover them); one planted failure fails the command."""
     real = gpu_check.plan
 
-    def quick(cuda, tests="tests"):
-        steps = real(cuda, "tests/test_gpu_paths.py")
+    def quick(cuda, tests="tests", data_dir=None):
+        steps = real(cuda, "tests/test_gpu_paths.py", data_dir)
         stand_in = {"guard": [sys.executable, "-c", "print('guard ok')"],
-                    "speed cpu": [sys.executable, "-c", "print('fedavg-rmnist cpu sequential 1.0')"]}
+                    "speed cpu": [sys.executable, "-c", "print('fedavg-rmnist cpu sequential 1.0')"],
+                    "packing cpu": [sys.executable, "-c", "print('| 1 | 2 | 0 | 1.0 | 7200 |')"]}
         return [(name, stand_in.get(name, argv), why) for name, argv, why in steps]
 
     monkeypatch.setattr(gpu_check, "plan", quick)
@@ -41,12 +58,13 @@ def test_the_dry_mode_runs_what_a_cpu_can_and_names_what_needs_a_gpu(tmp_path, m
     assert "DRY MODE" in report and "torch " in report and "TF32 off" in report
     assert "| gpu tests | passed (skipped: need CUDA) |" in report
     assert "| speed cuda | needs a GPU |" in report and "| guard | passed |" in report
-    assert "| `--jobs N` packing sweep on one GPU | not built |" in report
-    assert "needs a GPU: speed cuda" in capsys.readouterr().out
+    assert "| packing cuda | needs a GPU |" in report and "| rmnist slice | needs a GPU |" in report
+    assert "| packing cpu | passed |" in report and "step capture" in report
+    assert "needs a GPU: speed cuda, packing cuda, rmnist slice" in capsys.readouterr().out
 
-    def failing(cuda, tests="tests"):
+    def failing(cuda, tests="tests", data_dir=None):
         return [(name, [sys.executable, "-c", "raise SystemExit(1)"] if name == "guard" else argv, why)
-                for name, argv, why in quick(cuda, tests)]
+                for name, argv, why in quick(cuda, tests, data_dir)]
 
     monkeypatch.setattr(gpu_check, "plan", failing)
     assert main(["gpu-check", "--dry-run", "--out", str(tmp_path)]) == 1
@@ -60,3 +78,15 @@ def test_the_real_dry_run_speed_step_runs_on_the_cpu(tmp_path):
     step = gpu_check._run("speed cpu", argv + ["--csv", str(tmp_path / "speed.csv")], timeout=600)
     assert step.status == "passed", step.output
     assert "cafeme-rmnist" in (tmp_path / "speed.csv").read_text()
+
+
+@pytest.mark.slow
+def test_the_packing_sweep_runs_each_jobs_value_into_a_fresh_store(capsys):
+    """The CPU packing step as gpu-check runs it: two smoke runs swept with --jobs 1 and 2, every
+    run finished in each (a fresh store each time: nothing skipped as FINISHED)."""
+    from benchmarks.timing import packing
+
+    (argv,) = [argv for name, argv, _ in gpu_check.plan(cuda=False) if name == "packing cpu"]
+    assert packing.main(argv[argv.index("benchmarks.timing.packing") + 1:]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 2 | 0 |" in out and "| 2 | 2 | 0 |" in out and "most runs per hour: --jobs" in out
