@@ -13,6 +13,10 @@ in full, by one rule:
   override of the same key wins;
 * every other value (seeds, grid, published numbers, scalars) is the suite's when it states one.
 
+A shared file may also name grid values, ``grid_values: {<label>: {<dotted key>: value, ...}}``: an
+axis without a ``key`` then lists such a value by its label alone (``values: [office, domainnet]``),
+read as ``{label: office, set: {...}}`` written out.
+
 Several files merge left to right, then the suite. A shared file may not ``extends`` another, nor
 hold ``paper``-level identity keys (``name``, ``table``, ``grid``, ``published``): what it holds
 is checked with the suite, as if written there, so a shared override naming a label that some
@@ -88,12 +92,40 @@ def read_suite_file(path: Path) -> dict:
         shared = _read(file)
         if not isinstance(shared, dict):
             raise SuiteError(f"{file}: expected a mapping of shared suite keys, got {type(shared).__name__}")
-        check_keys(shared, TOP_KEYS, str(file))
+        check_keys(shared, TOP_KEYS | {"grid_values"}, str(file))
+        if not isinstance(shared.get("grid_values") or {}, dict) or not all(
+                isinstance(v, dict) for v in (shared.get("grid_values") or {}).values()):
+            raise SuiteError(f"{file}: grid_values: expected {{<label>: {{<dotted key>: value, ...}}, ...}}")
         own_only = sorted(set(shared) & SUITE_ONLY)
         if own_only:
             raise SuiteError(f"{file}: {own_only} cannot be shared; move them into each suite (a shared file "
-                             f"holds only {sorted(TOP_KEYS - SUITE_ONLY)})")
+                             f"holds only {sorted(TOP_KEYS - SUITE_ONLY | {'grid_values'})})")
         merged = merge(merged, shared)
     own = dict(raw)
     own.pop("extends")
-    return merge(merged, own)
+    named = merged.pop("grid_values", None) or {}
+    suite = merge(merged, own)
+    if named:
+        suite["grid"] = _named_values(suite.get("grid"), named, path)
+    return suite
+
+
+def _named_values(grid: Any, named: dict, path: Path) -> Any:
+    """The grid with each bare label of a keyless axis replaced by its shared ``grid_values`` entry."""
+    if not isinstance(grid, list):
+        return grid
+    out = []
+    for i, axis in enumerate(grid):
+        if isinstance(axis, dict) and "key" not in axis and isinstance(axis.get("values"), list):
+            values = []
+            for value in axis["values"]:
+                if isinstance(value, str):
+                    if value not in named:
+                        raise SuiteError(f"{path}: grid[{i}]: {value!r} is not a grid value of the shared files "
+                                         f"(grid_values: {sorted(named)}); write {{label: {value}, set: {{...}}}} "
+                                         f"or add it to grid_values")
+                    value = {"label": value, "set": copy.deepcopy(named[value])}
+                values.append(value)
+            axis = {**axis, "values": values}
+        out.append(axis)
+    return out

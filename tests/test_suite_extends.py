@@ -126,3 +126,17 @@ def test_a_shared_override_naming_a_missing_label_fails_with_the_suite(tmp_path)
     write(tmp_path, "_shared.yml", SHARED + "overrides:\n  - when: {method: cafeme}\n    set: {federation.rounds: 3}\n")
     with pytest.raises(SuiteError, match="'cafeme' is not a label"):
         load_suite(write(tmp_path, "t.yaml", "extends: _shared.yml\n" + OWN))
+
+
+def test_named_grid_values_read_as_written_out(tmp_path):
+    """An axis without a key lists shared grid values by label; the suite loads as the inline grid."""
+    write(tmp_path, "_shared.yml", SHARED + "grid_values:\n  small: {data.num_clients: 6}\n  large: {data.num_clients: 8}\n")
+    axis = "  - name: size\n    values: [%s]\nmethods:\n"
+    named = OWN.replace("methods:\n", axis % "small, {label: mid, set: {data.num_clients: 7}}, large", 1)
+    inline = FULL.replace("methods:\n", axis % ("{label: small, set: {data.num_clients: 6}}, {label: mid, set: "
+                                                "{data.num_clients: 7}}, {label: large, set: {data.num_clients: 8}}"), 1)
+    extended = load_suite(write(tmp_path, "t.yaml", "extends: _shared.yml\n" + named))
+    full = load_suite(write(tmp_path, "full.yaml", inline))
+    assert hashes(extended) == hashes(full) and len(extended.cells()) == 6 and "grid_values" not in extended.raw
+    with pytest.raises(SuiteError, match="'huge' is not a grid value of the shared files"):
+        load_suite(write(tmp_path, "t.yaml", "extends: _shared.yml\n" + named.replace(", large]", ", huge]")))
