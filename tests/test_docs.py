@@ -62,7 +62,7 @@ def test_paths_the_docs_cite_exist():
 
 
 def _sources():
-    for pattern in ("pfl_core/**/*.py", "benchmarks/**/*.py", "suites/*/*.yaml"):
+    for pattern in ("pfl_core/**/*.py", "benchmarks/**/*.py", "suites/*/*.yaml", "suites/*/_*.yml"):
         yield from sorted(ROOT.glob(pattern))
 
 
