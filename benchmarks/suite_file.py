@@ -17,7 +17,8 @@ A shared file may also name grid values, ``grid_values: {<label>: {<dotted key>:
 axis without a ``key`` then lists such a value by its label alone (``values: [office, domainnet]``),
 read as ``{label: office, set: {...}}`` written out.
 
-Several files merge left to right, then the suite. A shared file may not ``extends`` another, nor
+Several files merge left to right, then the suite; a grid value defined in two of them must be the
+same (else the load fails naming both). A shared file may not ``extends`` another, nor
 hold ``paper``-level identity keys (``name``, ``table``, ``grid``, ``published``): what it holds
 is checked with the suite, as if written there, so a shared override naming a label that some
 suite lacks fails when that suite is loaded. Config hashes are computed on the merged, resolved
@@ -88,6 +89,8 @@ def read_suite_file(path: Path) -> dict:
     if "extends" not in raw:
         return raw
     merged: dict = {}
+    named: dict = {}  # grid value label -> its set (whole, never merged across files)
+    named_in: dict = {}
     for file in _shared_files(raw, path):
         shared = _read(file)
         if not isinstance(shared, dict):
@@ -100,10 +103,14 @@ def read_suite_file(path: Path) -> dict:
         if own_only:
             raise SuiteError(f"{file}: {own_only} cannot be shared; move them into each suite (a shared file "
                              f"holds only {sorted(TOP_KEYS - SUITE_ONLY | {'grid_values'})})")
+        for label, value in (shared.pop("grid_values", None) or {}).items():
+            if label in named and named[label] != value:
+                raise SuiteError(f"{path}: extends: grid value {label!r} is defined differently in {named_in[label]} "
+                                 f"and {file.name}; give one of them another label")
+            named[label], named_in[label] = value, file.name
         merged = merge(merged, shared)
     own = dict(raw)
     own.pop("extends")
-    named = merged.pop("grid_values", None) or {}
     suite = merge(merged, own)
     if named:
         suite["grid"] = _named_values(suite.get("grid"), named, path)

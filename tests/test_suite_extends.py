@@ -140,3 +140,11 @@ def test_named_grid_values_read_as_written_out(tmp_path):
     assert hashes(extended) == hashes(full) and len(extended.cells()) == 6 and "grid_values" not in extended.raw
     with pytest.raises(SuiteError, match="'huge' is not a grid value of the shared files"):
         load_suite(write(tmp_path, "t.yaml", "extends: _shared.yml\n" + named.replace(", large]", ", huge]")))
+
+
+def test_a_grid_value_defined_twice_differently_fails(tmp_path):
+    write(tmp_path, "_shared.yml", SHARED + "grid_values:\n  small: {data.num_clients: 6}\n")
+    write(tmp_path, "_more.yml", "grid_values:\n  small: {data.num_clients: 5}\n")
+    named = OWN.replace("methods:\n", "  - name: size\n    values: [small]\nmethods:\n", 1)
+    with pytest.raises(SuiteError, match="'small' is defined differently in _shared.yml and _more.yml"):
+        load_suite(write(tmp_path, "t.yaml", "extends: [_shared.yml, _more.yml]\n" + named))
