@@ -185,6 +185,29 @@ def cmd_list(args) -> int:
     return 0
 
 
+def cmd_show(args) -> int:
+    """The suite as if written out in full (``extends`` merged), or with ``--only`` one run's config."""
+    import yaml
+
+    from benchmarks.packaged_suites import resolve_suite
+    from benchmarks.suite_file import read_suite_file
+
+    if not args.only:
+        print(yaml.safe_dump(read_suite_file(resolve_suite(args.suite)), sort_keys=False, allow_unicode=True,
+                             width=110), end="")
+        return 0
+    suite = load_suite(args.suite)
+    specs = suite.expand(args.profile, None if args.seed is None else [args.seed], parse_only(args.only))
+    cells = sorted({s.cell_id for s in specs})
+    if len(cells) != 1:
+        raise SuiteError(f"--only selects {len(cells)} cells of {suite.key}; name one (e.g. "
+                         f"{' '.join('--only ' + c for c in cells[0].split(',')) if cells else '--only AXIS=LABEL'})")
+    spec = specs[0]
+    print(f"# {suite.key} {spec.cell_id} seed {spec.seed} profile {spec.profile}: config hash {spec.config_hash}")
+    print(yaml.safe_dump(spec.config, sort_keys=False, allow_unicode=True, width=110), end="")
+    return 0
+
+
 def list_suites() -> None:
     """One line per packaged suite: its short name (what ``pflbench run`` takes), title and profiles."""
     from benchmarks.suite_file import read_suite_file
@@ -346,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(check)
     check.set_defaults(func=cmd_gpu_check)
+
+    show = sub.add_parser("show", help="print a suite with its shared files merged in, or one run's resolved "
+                                       "configuration and config hash (--only naming one cell)")
+    show.add_argument("suite", help="a suite file or packaged name (e.g. cafeme/table1)")
+    show.add_argument("--profile", default="paper")
+    show.add_argument("--only", action="append", metavar="AXIS=LABEL[,LABEL]", help="select one cell (repeatable)")
+    show.add_argument("--seed", type=int, default=None, help="the run's seed (default: the profile's first)")
+    show.set_defaults(func=cmd_show)
 
     lst = sub.add_parser("list", help="list registered components or the packaged suites")
     lst.add_argument("what", choices=["methods", "datasets", "models", "partitioners", "protocols", "suites"])

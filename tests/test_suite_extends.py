@@ -148,3 +148,21 @@ def test_a_grid_value_defined_twice_differently_fails(tmp_path):
     named = OWN.replace("methods:\n", "  - name: size\n    values: [small]\nmethods:\n", 1)
     with pytest.raises(SuiteError, match="'small' is defined differently in _shared.yml and _more.yml"):
         load_suite(write(tmp_path, "t.yaml", "extends: [_shared.yml, _more.yml]\n" + named))
+
+
+def test_pflbench_show_prints_the_merged_suite_and_one_runs_config(tmp_path, capsys):
+    import yaml
+
+    from benchmarks.cli import main
+
+    write(tmp_path, "_shared.yml", SHARED)
+    path = write(tmp_path, "t.yaml", "extends: _shared.yml\n" + OWN)
+    assert main(["show", str(path)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["notes"] == ["shared note", "own note"] and "extends" not in shown
+    assert main(["show", str(path), "--only", "method=ditto", "--profile", "smoke"]) == 0
+    out = capsys.readouterr().out
+    spec = next(s for s in load_suite(path).expand("smoke") if s.method == "ditto")
+    assert f"config hash {spec.config_hash}" in out and yaml.safe_load(out)["method"]["params"]["mu"] == 0.125
+    assert main(["show", str(path)] + ["--only", "method=ditto,fedavg"]) == 2
+    assert "selects 2 cells" in capsys.readouterr().err
