@@ -2,5 +2,5 @@
 
 Data (resident tensors, partitioners, client splits), models, algorithms, the federation loop and
 evaluation protocols. It imports neither MLflow, Optuna nor YAML; ``benchmarks`` is the harness.
+The distribution's version is written once, in ``benchmarks.__version__`` (``pflbench --version``).
 """
-__version__ = "0.1.0"
