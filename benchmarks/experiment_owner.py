@@ -64,4 +64,4 @@ def check_owner(tracker, suite: Suite, share: bool = False, write: bool = True) 
     if files and not share:
         raise SuiteError(refusal(suite, files, tracker.public_uri))
     if write:  # the first file (or an experiment made before files were recorded), or shared on request
-        tracker.client.set_experiment_tag(exp, SUITE_FILES_TAG, json.dumps([*files, me]))
+        tracker.set_experiment_tag(exp, SUITE_FILES_TAG, json.dumps([*files, me]))  # retried on a race

@@ -197,7 +197,7 @@ class Tracker:
         else:
             exp_id = experiment.experiment_id
             if experiment.tags.get(ui.EXPERIMENT_KIND_TAG) != ui.TRAINING_KIND:
-                self.client.set_experiment_tag(exp_id, ui.EXPERIMENT_KIND_TAG, ui.TRAINING_KIND)
+                self.set_experiment_tag(exp_id, ui.EXPERIMENT_KIND_TAG, ui.TRAINING_KIND)
         return exp_id
 
     def describe_experiment(self, name: str, description: str, columns: tuple[str, ...], metric: str) -> str:

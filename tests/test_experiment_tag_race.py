@@ -33,3 +33,25 @@ def test_a_lost_tag_insert_is_written_again_and_other_errors_are_not(tmp_path, m
     monkeypatch.setattr(tracker.client, "set_experiment_tag", broken)
     with pytest.raises(PermissionError):
         tracker.describe_experiment("demo/offline", "**demo/offline** again", ("method",), "acc")
+
+
+def test_admitting_a_suite_file_survives_the_same_race(tmp_path, monkeypatch):
+    """check_owner's write of the admitted suite files (two runners starting one suite at once)."""
+    from benchmarks.experiment_owner import SUITE_FILES_TAG, admitted_files, check_owner, suite_file_id
+    from benchmarks.suite import load_suite
+    from conftest import REPO_ROOT
+
+    tracker = Tracker(*store(tmp_path / "store"))
+    suite = load_suite(REPO_ROOT / "suites" / "demo" / "offline.yaml")
+    real, lost = tracker.client.set_experiment_tag, []
+
+    def racing(exp_id, key, value):
+        if key == SUITE_FILES_TAG and not lost:
+            lost.append(key)
+            raise IntegrityError("INSERT INTO experiment_tags", {}, Exception(
+                "UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id"))
+        return real(exp_id, key, value)
+
+    monkeypatch.setattr(tracker.client, "set_experiment_tag", racing)
+    check_owner(tracker, suite)
+    assert lost and admitted_files(tracker, tracker.experiment_id(suite.key)) == [suite_file_id(suite.path)]
