@@ -43,10 +43,9 @@ SUITE_ONLY = frozenset({"extends", "name", "table", "caption", "grid", "publishe
 
 def merge(shared: Any, own: Any, key: str | None = None) -> Any:
     """``own`` written over ``shared`` by the rule of this module (neither is modified)."""
-    if isinstance(shared, dict) and isinstance(own, dict):
-        out = copy.deepcopy(shared)
-        for k, value in own.items():
-            out[k] = merge(shared[k], value, str(k)) if k in shared else copy.deepcopy(value)
+    if isinstance(shared, dict) and isinstance(own, dict):  # each value copied once, shared keys first
+        out = {k: merge(v, own[k], str(k)) if k in own else copy.deepcopy(v) for k, v in shared.items()}
+        out.update({k: copy.deepcopy(v) for k, v in own.items() if k not in shared})
         return out
     if key in CONCATENATED and isinstance(shared, list) and isinstance(own, list):
         return copy.deepcopy(shared) + copy.deepcopy(own)
@@ -78,6 +77,22 @@ def _shared_files(raw: dict, path: Path) -> list[Path]:
     return files
 
 
+def _read_shared(file: Path) -> tuple[dict, dict]:
+    """A shared file's suite keys and its ``grid_values``, each checked."""
+    shared = _read(file)
+    if not isinstance(shared, dict):
+        raise SuiteError(f"{file}: expected a mapping of shared suite keys, got {type(shared).__name__}")
+    check_keys(shared, TOP_KEYS | {"grid_values"}, str(file))
+    own_only = sorted(set(shared) & SUITE_ONLY)
+    if own_only:
+        raise SuiteError(f"{file}: {own_only} cannot be shared; move them into each suite (a shared file "
+                         f"holds only {sorted(TOP_KEYS - SUITE_ONLY | {'grid_values'})})")
+    values = shared.pop("grid_values", None) or {}
+    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+        raise SuiteError(f"{file}: grid_values: expected {{<label>: {{<dotted key>: value, ...}}, ...}}")
+    return shared, values
+
+
 def read_suite_file(path: Path) -> dict:
     """The suite at ``path`` as a mapping, its ``extends`` files merged in: a complete suite that no
     longer names them (it can be written anywhere and loads alike); :class:`SuiteError` naming the
@@ -92,18 +107,8 @@ def read_suite_file(path: Path) -> dict:
     named: dict = {}  # grid value label -> its set (whole, never merged across files)
     named_in: dict = {}
     for file in _shared_files(raw, path):
-        shared = _read(file)
-        if not isinstance(shared, dict):
-            raise SuiteError(f"{file}: expected a mapping of shared suite keys, got {type(shared).__name__}")
-        check_keys(shared, TOP_KEYS | {"grid_values"}, str(file))
-        if not isinstance(shared.get("grid_values") or {}, dict) or not all(
-                isinstance(v, dict) for v in (shared.get("grid_values") or {}).values()):
-            raise SuiteError(f"{file}: grid_values: expected {{<label>: {{<dotted key>: value, ...}}, ...}}")
-        own_only = sorted(set(shared) & SUITE_ONLY)
-        if own_only:
-            raise SuiteError(f"{file}: {own_only} cannot be shared; move them into each suite (a shared file "
-                             f"holds only {sorted(TOP_KEYS - SUITE_ONLY | {'grid_values'})})")
-        for label, value in (shared.pop("grid_values", None) or {}).items():
+        shared, values = _read_shared(file)
+        for label, value in values.items():
             if label in named and named[label] != value:
                 raise SuiteError(f"{path}: extends: grid value {label!r} is defined differently in {named_in[label]} "
                                  f"and {file.name}; give one of them another label")
