@@ -12,7 +12,9 @@ Steps:
    client step, float64, sync budgets); a CPU test, run in both modes.
 3. ``speed``: :mod:`benchmarks.timing.speed`, sequential and batched paths, on CUDA and (cut down) on the CPU.
 4. ``packing``: :mod:`benchmarks.timing.packing`, the same demo runs swept with ``--jobs`` 1, 2, 4, 8
-   on the GPU (runs per hour each); on the CPU two smoke runs with ``--jobs`` 1 and 2 exercise it.
+   on the GPU (runs per hour each); on the CPU two smoke runs with ``--jobs`` 1 and 2 exercise it
+   (16 runs of the demo's ``quick`` profile and the jobs values are harness choices: enough runs to
+   fill 8 workers twice, in minutes).
 5. ``rmnist slice``: :mod:`benchmarks.timing.round_timing` on CAFeMe Table 1's RMNIST cells at the
    ``paper`` profile (FedAvg and CAFeMe, 3 rounds each, projected to the RMNIST half of the
    table); it needs MNIST under ``--data-dir`` (or ``PFL_DATA_DIR``) on the GPU machine.
