@@ -56,7 +56,13 @@ def test_fedl2p_meta_trains_on_balanced_train_batches_and_plain_val_batches():
     cfg = FederationConfig(batch_size=4, drop_last=False)
     ctx = make_contexts(fed, fed.train_clients, cfg, RunStreams(0), "batches", 4, balanced=True)[0]
     twin = make_contexts(fed, fed.train_clients, cfg, RunStreams(0), "batches", 4, balanced=True)[0]
-    plan = algorithm.draw(ctx, 0)
+    drawn = algorithm.draw(ctx, 0)
+    plan = drawn.plan
+    # drawn first from the same generator, in this order: the meta_augment draws, the input batches
+    augment, inputs = algorithm.draw_augment(twin), algorithm.input_draws(twin)
+    for name in augment:
+        assert all(torch.equal(a, b) for a, b in zip(drawn.values["augment"][name].values(), augment[name].values()))
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(drawn.values["inputs"], inputs))
     train = cycled_batches(fed.clients[0].splits["train"], 4, twin.streams["train"].generator,
                            twin.streams["train"].weights)
     inner = len(plan["inner"]) // len(plan["val"])

@@ -152,6 +152,8 @@ CASES = {
                           "hidden_dim": 8, "n_hidden": 1}, dnn, flat_federation),
     # pFedGP's default head (tree_pg) has a batched_fallback: the label_regression head is the program
     "pfedgp": ("pfedgp", {"gp_head": "label_regression", "inner_steps": 2, "lr": 0.1}, dnn, flat_federation),
+    # the paper's tree of GP heads, its Gibbs-sampler seeds drawn from the client's train stream
+    "pfedgp-tree": ("pfedgp", {"gp_head": "tree_pg", "inner_steps": 2, "lr": 0.1}, dnn, flat_federation),
     "pfedgp-marginal": ("pfedgp", {"gp_head": "label_regression", "objective": "marginal_likelihood", "lr": 0.1},
                         dnn, flat_federation),
     # the run's coin flips (seed 11): L = 0 (loss only), 3, then 2 local steps

@@ -23,6 +23,7 @@ from pfl_core.federation import make_contexts, run_federation
 from pfl_core.models.kld_bn import bn_names, forward_bn, bn_mode, set_betas
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
+from pfl_core.engine.executor import start_client
 from tests.helpers import l2p_federation, one_thread, tiny_resnet  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -47,8 +48,7 @@ def contexts(fed, batch_size=4, seed=0):
 
 def one_outer_step(algorithm, server, ctx):
     """(carry, inner steps, val batch, L_T batch) of a client's first outer step."""
-    carry = algorithm.carry_in(server, ctx, 0)
-    plan = algorithm.draw(ctx, 0)
+    carry, plan, _ = start_client(algorithm, server, ctx, 0)
     batch = ctx.dataset.batch
     inner = len(plan["inner"]) // len(plan["val"])
     steps = [batch(i) for i in plan["inner"][:inner]]
@@ -65,7 +65,7 @@ def test_plan_cycles_one_train_stream_across_outer_steps_as_the_code():
     fed = l2p_federation(sizes=(40,), val=10)
     algorithm, _ = make(inner_epochs=15, outer_epochs=3)
     ctx = contexts(fed, batch_size=32)[0]
-    plan = algorithm.draw(ctx, 0)
+    plan = algorithm.draw(ctx, 0).plan
     sizes = [len(b) for b in plan["inner"]]
     assert len(plan["val"]) == 3 and [len(b) for b in plan["val"]] == [10] * 3
     assert len(plan["ltrain"]) == 3 and len(sizes) == 90
@@ -79,8 +79,8 @@ def test_plan_cycles_one_train_stream_across_outer_steps_as_the_code():
         assert sorted(torch.cat(stream[e:e + 2]).tolist()) == sorted(train)
     assert set(torch.cat(plan["val"]).tolist()) == set(fed.clients[0].splits["val"].tolist())
     fomaml, _ = make(hypergradient="fomaml", inner_epochs=15, outer_epochs=3)
-    assert [len(b) for b in fomaml.draw(contexts(fed, batch_size=32)[0], 0)["inner"]] == [32, 8] * 45
-    assert fomaml.draw(contexts(fed, batch_size=32)[0], 0)["ltrain"] == []
+    assert [len(b) for b in fomaml.draw(contexts(fed, batch_size=32)[0], 0).plan["inner"]] == [32, 8] * 45
+    assert fomaml.draw(contexts(fed, batch_size=32)[0], 0).plan["ltrain"] == []
 
 
 def test_the_client_starts_from_the_pretrained_state_with_reset_running_stats():
@@ -127,8 +127,7 @@ def test_client_fit_augments_inner_and_l_t_batches_with_one_draw_per_batch():
     algorithm, model = make()
     server = algorithm.init_server(model_params(model))
     ctx = contexts(fed)[0]
-    carry = algorithm.carry_in(server, ctx, 0)
-    plan = algorithm.draw(ctx, 0)
+    carry, plan, _ = start_client(algorithm, server, ctx, 0)
     assert carry["augment"]["inner"]["top"].shape == (len(plan["inner"]),)
     assert carry["augment"]["ltrain"]["flip"].shape == (len(plan["ltrain"]),)
     seen = []
@@ -147,7 +146,7 @@ def test_client_fit_augments_inner_and_l_t_batches_with_one_draw_per_batch():
     assert torch.equal(val[0], ctx.dataset.batch(plan["val"][0])[0])  # val: Normalize only
     assert not torch.equal(steps[0][0], ctx.dataset.batch(plan["inner"][0])[0])
     none, _ = make(meta_augment="none")
-    assert "augment" not in none.carry_in(none.init_server(model_params(model)), contexts(fed)[0], 0)
+    assert "augment" not in start_client(none, none.init_server(model_params(model)), contexts(fed)[0], 0)[0]
 
 
 def test_flip_rotate_meta_augmentation_is_one_flip_and_angle_per_batch_on_the_raw_image():
@@ -159,8 +158,8 @@ def test_flip_rotate_meta_augmentation_is_one_flip_and_angle_per_batch_on_the_ra
     algorithm, model = make(meta_augment="flip_rotate")
     server = algorithm.init_server(model_params(model))
     ctx = contexts(fed)[0]
-    draws = algorithm.carry_in(server, ctx, 0)["augment"]
-    plan = algorithm.draw(ctx, 0)
+    carry, plan, _ = start_client(algorithm, server, ctx, 0)
+    draws = carry["augment"]
     assert set(draws["inner"]) == {"flip", "angle"} and draws["inner"]["angle"].shape == (len(plan["inner"]),)
     assert bool((draws["inner"]["angle"].abs() <= 30).all())
     x = ctx.dataset.batch(plan["inner"][1])[0]
@@ -301,8 +300,7 @@ def test_a_round_clamps_meta_gradients_and_steps_each_part_with_its_lr():
     algorithm, model = make(lr_bnnet=0.5, lr_lrnet=0.25, lr_eta=0.125, meta_clip=1e-6)
     server = algorithm.init_server(model_params(model))
     ctx = contexts(fed)[0]
-    carry = algorithm.carry_in(server, ctx, 0)
-    plan = algorithm.draw(ctx, 0)
+    carry, plan, _ = start_client(algorithm, server, ctx, 0)
     assert len(plan["val"]) == 1
     from pfl_core.engine.plans import gather, make_buckets
 
@@ -337,8 +335,7 @@ def test_an_outer_step_with_a_non_finite_val_loss_is_skipped():
     server = algorithm.init_server(model_params(model))
     ctx = contexts(fed)[0]
     ctx.dataset.x[fed.clients[0].splits["val"][0]] = float("nan")
-    carry = algorithm.carry_in(server, ctx, 0)
-    plan = algorithm.draw(ctx, 0)
+    carry, plan, _ = start_client(algorithm, server, ctx, 0)
     from pfl_core.engine.plans import gather, make_buckets
 
     batches, masks = gather([ctx.dataset], [plan], make_buckets([plan], (), 0.0)[0], stacked=False)
@@ -485,7 +482,7 @@ def test_l2p_keeps_lambda_local_and_the_server_unchanged():
     recipe = algorithm.finetune_recipe(after, after["pretrained"], (xi, x), ctxs[0])
     torch.testing.assert_close(recipe.betas, algorithm.betas_and_lrs(local, xi, x)[0])
     # a second participation continues from the client's own lambda
-    assert algorithm.carry_in(after, ctxs[0], 1)["lambda"] is local
+    assert start_client(algorithm, after, ctxs[0], 1)[0]["lambda"] is local
     with pytest.raises(ValueError, match="not been trained"):
         algorithm.personal_lambda(after, contexts(fed)[1])
 

@@ -13,6 +13,7 @@ from pfl_core.algorithms.metavers import MetaVersUpdate
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
 from pfl_core.algorithms._lib.episodes import class_pools, draw_episode
+from pfl_core.engine.executor import start_client
 from pfl_core.evaluation import EvalConfig
 from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import run_federation
@@ -459,13 +460,12 @@ def test_client_margin_update_reads_the_earlier_clients_of_the_same_round():
     from pfl_core.federation import make_contexts
 
     contexts = make_contexts(fed, [0, 1, 2], FederationConfig(batch_size=4), RunStreams(0), "batches", 4)
-    carries = [alg.carry_in(server, contexts[c], 0) for c in (0, 1, 2)]
+    carries, plans, _ = zip(*(start_client(alg, server, contexts[c], 0) for c in (0, 1, 2)))
     d = list(alg._round_margins)
     assert len(d) == 3 and float(carries[0]["m_global"]) == 0.0  # nothing collected yet
     assert float(carries[1]["m_global"]) == pytest.approx(d[0])
     assert float(carries[2]["m_global"]) == pytest.approx((d[0] + d[1]) / 2)
-    plans = [alg.draw(contexts[c], 0) for c in (0, 1, 2)]  # the episodes drawn with the margins
-    assert all(len(p["support"][0]) == 4 for p in plans) and not alg._drawn
+    assert all(len(p["support"][0]) == 4 for p in plans)  # one episode per client, drawn before carry_in
 
 
 def test_coinciding_class_means_give_a_zero_not_a_nan_gradient():

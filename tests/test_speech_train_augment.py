@@ -120,7 +120,7 @@ def test_fedl2p_augments_its_inner_and_l_t_batches_never_val():
     fed = speech_federation(sizes=(6,))
     algorithm = make_method("fedl2p", tiny_resnet().double(), **FAST)
     ctx = _contexts(fed)[0]
-    plan = algorithm.draw(ctx, 0)
+    plan = algorithm.draw(ctx, 0).plan
     draws = augment_draws(algorithm, ctx, plan)
     assert sorted(draws) == ["inner", "ltrain"]
     assert [len(d.shift) for d in draws["inner"]] == [len(i) for i in plan["inner"]]

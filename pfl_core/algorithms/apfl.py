@@ -100,7 +100,8 @@ class APFL(Algorithm):
     hyper_class = APFLHyper
 
     # -- the client program: tau simultaneous steps on (w_i, v_i, alpha_i) ------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         """w_i = the global model; v_i and alpha_i persist (v_i starts at the first model received)."""
         w = server["params"]
         alpha = client.state.get("alpha")

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.engine.plans import Plan
+from pfl_core.engine.plans import Drawn, Plan
 from pfl_core.algorithms._lib.round_lr import round_lr_carry
 from pfl_core.fields import HyperParams, check_value_types
 from pfl_core.training import Params, average_buffers, average_params, forward, initial_bn_state, sgd_step
@@ -107,13 +107,16 @@ class Algorithm(ABC):
         carry = {"buffers": server["buffers"]} if server.get("buffers") is not None else {}
         return {**carry, **round_lr_carry(self.hp, round_idx, next(iter(server["params"].values())))}
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        """The client's start values (a pytree of tensors) from the server and ``client.state``."""
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
+        """The client's start values (a pytree of tensors) from the server and ``client.state``;
+        ``drawn``: the non-index values of this round's :meth:`draw` (called first), if any."""
         raise NotImplementedError(f"{type(self).__name__} has no client program")
 
-    def draw(self, client: ClientContext, round_idx: int) -> Plan:
+    def draw(self, client: ClientContext, round_idx: int) -> Plan | Drawn:
         """The index batches the client consumes this round, per named stream, drawn in the
-        order of the method's reference code (host side: all randomness lives here)."""
+        order of the method's reference code (host side: all randomness lives here). A method
+        that draws anything else returns ``Drawn(plan, values)``; ``values`` reach :meth:`carry_in`."""
         raise NotImplementedError(f"{type(self).__name__} has no client program")
 
     def local_update(self, carry: dict, batches: dict, masks: dict) -> tuple[dict, torch.Tensor]:

@@ -119,7 +119,8 @@ class CAFeMe(Algorithm):
         return grads, loss.detach()
 
     # -- the client program (steps 1-4 of the module docstring) ----------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         adam = client_optimizer_state(client.state, "outer_adam", "adam", server["params"],
                                       persist=self.hp.persist_outer_optimizer)
         return {"params": server["params"], "adam": adam}

@@ -200,7 +200,8 @@ class CGPFL(ProxProgram):
         return self.hp.num_clusters
 
     # -- the client program: R local rounds from the client's context model (prox_local_rounds) ---
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         """omega_{k(i)} (Algorithm 1 line 4) and theta_i per ``theta_start``."""
         return self.start_carry(client, server["centers"][server["assign"].get(client.cid, 0)])
 

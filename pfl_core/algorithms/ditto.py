@@ -95,7 +95,8 @@ class Ditto(Algorithm):
         return {"params": params, "init": params}
 
     # -- the client program: personal step, then global step --------------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         anchor = server["params"] if self.hp.anchor == "global" else client.state.get("local", server["init"])
         optimizer = client_optimizer_state(client.state, "global_opt", self.hp.global_optimizer,
                                            server["params"], persist=self.hp.persist_optimizer)

@@ -34,7 +34,8 @@ class FedAvg(Algorithm):
     maskable_streams = ("train",)
     train_streams = ("train",)
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"params": server["params"], **self.round_carry(server, round_idx)}
 
     def draw(self, client: ClientContext, round_idx: int):

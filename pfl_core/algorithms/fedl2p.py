@@ -53,7 +53,7 @@ from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.batching import epoch_order
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
-from pfl_core.engine.plans import augmented_rows
+from pfl_core.engine.plans import Drawn, augmented_rows
 from pfl_core.fields import HyperParams, Tune
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
 from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
@@ -234,20 +234,27 @@ class FedL2P(Algorithm):
             betas = torch.full((len(self.bn_layers),), float(self.hp.fixed_beta), dtype=xi.dtype, device=xi.device)
         return betas, lrs
 
-    def client_inputs(self, server: ServerState, client: ClientContext,
-                      augment: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(xi, x) of the client's train split, batches of B in split order (the statistics do not
-        depend on the order; with ``data.balanced_sampler`` one class-balanced draw), each item augmented by ``data.augment`` (Speech Commands) and batch i
-        with the shared draw i of ``augment["inputs"]`` (``meta_augment``)."""
+    def input_draws(self, client: ClientContext) -> list[tuple[torch.Tensor, object]]:
+        """The random part of :meth:`client_inputs`: the train split in batches of B, in split
+        order (the statistics do not depend on the order; with ``data.balanced_sampler`` one
+        class-balanced draw), each with its items' ``data.augment`` draw (Speech Commands; None
+        without)."""
         stream = client.streams["train"]
         index = client.client.splits["train"]
         if stream.weights is not None:  # the code's balanced train loader (client L251: precompute_kld)
             index = epoch_order(index, stream.generator, stream.weights)
         parts = torch.split(index, stream.batch_size)
-        if client.augment is None:
-            batches = [client.dataset.batch(i)[0] for i in parts]
-        else:  # data.augment: the code's per-item transform of its train loader (client L246-251)
-            batches = [augmented_rows(client.dataset, i, client.augment.draw(i.numel()))[0] for i in parts]
+        # data.augment: the code's per-item transform of its train loader (client L246-251)
+        return [(i, None if client.augment is None else client.augment.draw(i.numel())) for i in parts]
+
+    def client_inputs(self, server: ServerState, client: ClientContext, augment: dict | None = None,
+                      inputs: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(xi, x) of the client's train split: the batches of ``inputs`` (:meth:`input_draws`;
+        drawn here when not given, as analyses do), batch i augmented with the shared draw i of
+        ``augment["inputs"]`` (``meta_augment``)."""
+        parts = self.input_draws(client) if inputs is None else inputs
+        batches = [client.dataset.batch(i)[0] if item is None else augmented_rows(client.dataset, i, item)[0]
+                   for i, item in parts]
         if augment is not None:
             batches = [augment_batch(x, augment["inputs"], i, augment["pad"], self.hp.augment_padding)
                        for i, x in enumerate(batches)]
@@ -293,26 +300,29 @@ class FedL2P(Algorithm):
     def start_lambda(self, server: ServerState, client: ClientContext) -> Params:
         return server["lambda"]
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
-        augment = self.draw_augment(server, client)
-        xi, x = self.client_inputs(server, client, augment)
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
+        augment = drawn["augment"]
+        if augment is not None:  # the normalized black image of the crop padding
+            like = next(iter(server["params"].values()))
+            pad = torch.zeros(1, *client.dataset.input_shape, dtype=like.dtype, device=like.device)
+            augment = {**augment, "pad": client.dataset.normalize(pad)}
+        xi, x = self.client_inputs(server, client, augment, drawn["inputs"])
         carry = {"lambda": self.start_lambda(server, client), "params": server["params"],
                  "buffers": server["buffers"], "xi": xi, "x": x}
         if augment is not None:
             carry["augment"] = {k: augment[k] for k in ("inner", "ltrain", "pad")}
         return carry
 
-    def draw_augment(self, server: ServerState, client: ClientContext) -> dict | None:
-        """Host-side crop/flip (or flip/rotation) draws, one per batch, from the client's train-stream generator:
-        ``inputs`` (meta-net input batches), ``inner`` (K x S), ``ltrain`` (K), and ``pad`` (the
-        normalized black image). None with ``meta_augment: none``."""
+    def draw_augment(self, client: ClientContext) -> dict | None:
+        """Host-side crop/flip (or flip/rotation) draws, one per batch, from the client's train-stream
+        generator: ``inputs`` (meta-net input batches), ``inner`` (K x S) and ``ltrain`` (K).
+        None with ``meta_augment: none``."""
         if self.hp.meta_augment == "none":
             return None
         b, inner, outer = self.steps(client)
         gen, padding = client.streams["train"].generator, self.hp.augment_padding
-        like = next(iter(server["params"].values()))
-        shape = client.dataset.input_shape
-        out = {"pad": client.dataset.normalize(torch.zeros(1, *shape, dtype=like.dtype, device=like.device))}
+        out = {}
         counts = {"inputs": math.ceil(client.num_samples("train") / b), "inner": outer * inner,
                   "ltrain": outer if self.hp.hypergradient == "ift" else 0}
         for name, count in counts.items():
@@ -322,9 +332,12 @@ class FedL2P(Algorithm):
                 out[name] = dict(zip(("top", "left", "flip"), draw_crop_flip(count, gen, padding=padding)))
         return out
 
-    def draw(self, client: ClientContext, round_idx: int):
+    def draw(self, client: ClientContext, round_idx: int) -> Drawn:
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
-        one val batch from a cycled val stream; both streams start a fresh epoch each round."""
+        one val batch from a cycled val stream; both streams start a fresh epoch each round. Drawn
+        before them, from the same train generator (the order of the earlier engine, which drew
+        these in ``carry_in``): the ``meta_augment`` draws, then the meta-net input batches."""
+        augment, inputs = self.draw_augment(client), self.input_draws(client)
         b, inner, outer = self.steps(client)
         stream = client.streams["train"]  # class-balanced with data.balanced_sampler; val never (the code)
         train = cycled_batches(client.client.splits["train"], b, stream.generator, stream.weights)
@@ -335,7 +348,7 @@ class FedL2P(Algorithm):
             if self.hp.hypergradient == "ift":
                 plan["ltrain"].append(next(train))
             plan["val"].append(next(val))
-        return plan
+        return Drawn(plan, {"augment": augment, "inputs": inputs})
 
     def local_update(self, carry, batches, masks):
         xs, ys = batches["inner"]

@@ -107,7 +107,8 @@ class FedProto(Algorithm):
         return F.cross_entropy(logits, y) + self.hp.ld * F.mse_loss(features, target)
 
     # -- the client program ---------------------------------------------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"params": client.state.get("params", server["params"]),
                 "protos": server["protos"], "has_proto": server["has_proto"]}
 

@@ -81,7 +81,8 @@ class FedRep(Algorithm):
         return params, optimizer, losses
 
     # -- the client program: head steps, then body steps ------------------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         params = self.predictor(server, client)
         persist = self.hp.persist_optimizer
         return {"params": params,

@@ -33,7 +33,8 @@ class PretrainedOnly(Algorithm):
 
     keeps_bn_state = True  # trains nothing: the protocol fine-tunes from the pretrained statistics
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"loss": torch.zeros((), device=next(iter(server["params"].values())).device)}
 
     def draw(self, client: ClientContext, round_idx: int) -> dict:

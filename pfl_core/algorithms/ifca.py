@@ -191,7 +191,8 @@ class IFCA(FedAvg):
         client.state["cluster"] = choice
         return choice
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         """FedAvg's local SGD (its plan and update) from the chosen cluster's model, at the round's
         lr (a scheduled lr, :mod:`~pfl_core.algorithms._lib.round_lr`)."""
         params = server["clusters"][self.choose_cluster(server, client)]

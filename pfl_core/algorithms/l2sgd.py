@@ -151,7 +151,8 @@ class L2SGD(Algorithm):
         return x
 
     # -- the client program: the round's L local steps (L common to all clients) -----------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         """x_i with the last aggregation applied (host side); the global model if it never trained."""
         x = self._current(server, client)
         return {"x": server["params"] if x is None else x, "x_bar": server["params"]}

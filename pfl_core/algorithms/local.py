@@ -30,7 +30,8 @@ class Local(FedAvg):
     keeps_bn_state = False  # its own model per client, no BN state carried
     finetune_at_eval = True
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"params": client.state.get("params", server["params"])}
 
     def carry_out(self, server: ServerState, client: ClientContext, carry, loss) -> ClientUpdate:

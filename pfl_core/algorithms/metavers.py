@@ -49,6 +49,7 @@ from torch import nn
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.plans import Drawn
 from pfl_core.fields import ADAM_LR, HyperParams, Tune
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.algorithms._lib.bn_passes import pass_statistics, replay_passes
@@ -186,7 +187,6 @@ class MetaVers(Algorithm):
                              "ce_forward 'joint' only (the novel-class trainer's passes)")
         self._ways: dict[int, int] = {}
         self._pools: dict[int, list[torch.Tensor]] = {}
-        self._drawn: dict[int, Episode] = {}
         self._round_margins: list[float] = []  # margin_update=client: this round's d so far
         self._prototype_cache: tuple | None = None  # (params, cid, prototypes, present) for logits
 
@@ -300,22 +300,22 @@ class MetaVers(Algorithm):
         device = client.client.splits["train"].device
         return Episode(episode.support.to(device), episode.query.to(device), episode.ways, episode.fallback)
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         params = server["params"]
         like = next(iter(params.values()))
         tau = self.tau(round_idx)
         m_global = server["m_global"]
         if self.hp.margin_update == "client":
-            m_global = self._client_margin(server, client, tau)
+            m_global = self._client_margin(server, client, tau, drawn["episode"])
         w_s, w_t = self.loss_weights(tau)
         scalar = lambda v: torch.tensor(v, dtype=like.dtype, device=like.device)
         return {"params": params, "m_global": scalar(m_global), "w_s": scalar(w_s), "w_t": scalar(w_t)}
 
-    def _client_margin(self, server: ServerState, client: ClientContext, tau: int) -> float:
-        """``margin_update: client``: draw the client's episode now, read m_global over the kept
-        margins plus the round's earlier clients' d, then add this client's d (computed here,
-        without gradient, on the same episode and parameters) to the round's list."""
-        episode = self._drawn[client.cid] = self.episode(client)
+    def _client_margin(self, server: ServerState, client: ClientContext, tau: int, episode: Episode) -> float:
+        """``margin_update: client``: read m_global over the kept margins plus the round's earlier
+        clients' d, then add this client's d (computed here, without gradient, on the round's
+        episode and the received parameters) to the round's list."""
         margins = (server["margins"] + self._round_margins)[-self.hp.margin_window:]
         m_global = self._m_global_for_client(server["m_global"], margins, tau)
         if episode.ways >= 2 and self.hp.loss != "ce":
@@ -328,10 +328,12 @@ class MetaVers(Algorithm):
                 self._round_margins.append(value)
         return m_global
 
-    def draw(self, client: ClientContext, round_idx: int):
-        episode = self._drawn.pop(client.cid, None) or self.episode(client)
+    def draw(self, client: ClientContext, round_idx: int) -> Drawn:
+        """The round's episode: its support and query batches, and the episode itself for
+        ``carry_in`` (``margin_update: client`` computes the client's margin on it)."""
+        episode = self.episode(client)
         self._ways[client.cid] = episode.ways
-        return {"support": [episode.support], "query": [episode.query]}
+        return Drawn({"support": [episode.support], "query": [episode.query]}, {"episode": episode})
 
     def _onehot(self, labels: torch.Tensor, ways: int, dtype: torch.dtype,
                 support: torch.Tensor | None = None) -> torch.Tensor:

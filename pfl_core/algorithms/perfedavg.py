@@ -140,7 +140,8 @@ class PerFedAvg(Algorithm):
         return {k: p - hp.beta * g1[k] + hp.beta * hp.alpha * hv[k] for k, p in theta.items()}, loss, buffers
 
     # -- the client program: S iterations from the global model -----------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"params": server["params"], **self.round_carry(server, round_idx)}
 
     def draw(self, client: ClientContext, round_idx: int):

@@ -37,6 +37,7 @@ from pfl_core.algorithms._lib.gp_tree import GibbsSettings, TreeGP, build_tree
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm, Weighting
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
+from pfl_core.engine.plans import Drawn
 from pfl_core.fields import HyperParams, SGD_LR, Tune
 from pfl_core.fields import Fraction, NonNegativeFloat, PositiveFloat, PositiveInt
 from pfl_core.algorithms._lib.optim import clip_grad_norm, sgd_momentum_step
@@ -155,26 +156,29 @@ class PFedGP(Algorithm):
         return self.gp_loss(params, (fit_x, fit_y), None if held_x is None else (held_x, held_y), mask)
 
     # -- the client program -----------------------------------------------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         params = server["params"]
         momentum = {k: torch.zeros_like(v) for k, v in params.items()}
         if self.hp.gp_head == "tree_pg":  # the tree from the received backbone's features (code: build_tree)
             x, y = client.dataset.batch(client.client.splits["train"])
             with torch.no_grad():
                 tree = build_tree(forward(self.model, params, x), y)
-            generator = client.streams["train"].generator
-            seeds = [int(torch.randint(2 ** 62, (1,), generator=generator)) for _ in range(self.hp.inner_steps)]
-            return {"params": params, "momentum": momentum, "tree": tree, "seeds": seeds}
+            return {"params": params, "momentum": momentum, "tree": tree, "seeds": drawn["seeds"]}
         labels = client.dataset.y[client.client.splits["train"]]
         return {"params": params, "momentum": momentum, "classes": self.class_mask(labels, next(iter(params.values())))}
 
     def draw(self, client: ClientContext, round_idx: int):
         """Per step: the whole train split, split per class into fit / held-out parts by the
-        client's own stream (``predictive_likelihood``), or whole (``marginal_likelihood``)."""
+        client's own stream (``predictive_likelihood``), or whole (``marginal_likelihood``, and
+        ``gp_head: tree_pg`` with one Gibbs-sampler seed per step from the same stream)."""
         index = client.client.splits["train"]
-        if self.hp.gp_head == "tree_pg" or self.hp.objective == "marginal_likelihood":
-            return {"fit": [index] * self.hp.inner_steps}
         generator = client.streams["train"].generator
+        if self.hp.gp_head == "tree_pg":  # one Gibbs-sampler seed per step, for carry_in
+            seeds = [int(torch.randint(2 ** 62, (1,), generator=generator)) for _ in range(self.hp.inner_steps)]
+            return Drawn({"fit": [index] * self.hp.inner_steps}, {"seeds": seeds})
+        if self.hp.objective == "marginal_likelihood":
+            return {"fit": [index] * self.hp.inner_steps}
         # split on the host: two copies per client and round, not a device read per class and step
         labels, index = client.dataset.y[index].cpu(), index.cpu()
         plan: dict = {"fit": [], "held_out": []}

@@ -136,7 +136,8 @@ class PFedHN(Algorithm):
         return functional_call(self.hnet, hnet, (index,))
 
     # -- the client program: inner SGD on the generated weights ---------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         with torch.no_grad():
             theta = self.generate(server["hnet"], client.cid)
         return {"params": theta, "momentum": {k: torch.zeros_like(v) for k, v in theta.items()}}

@@ -229,7 +229,8 @@ class PFedMe(ProxProgram):
     hyper_class = PFedMeHyper
 
     # -- the client program: R local rounds from the global model (prox_local_rounds) -------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         """w_{i,0} = the global model; theta_i per ``theta_start`` (:meth:`ProxProgram.start_carry`)."""
         return self.start_carry(client, server["params"])
 

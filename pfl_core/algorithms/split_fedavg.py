@@ -53,7 +53,8 @@ class SplitFedAvg(Algorithm):
         return {"none": [], "head": self.head_names, "body": self.body_names}[self.personal_part]
 
     # -- the client program ---------------------------------------------------------------------
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict:
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict:
         return {"params": self.client_params(server, client), **self.round_carry(server, round_idx)}
 
     def draw(self, client: ClientContext, round_idx: int):

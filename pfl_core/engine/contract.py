@@ -13,7 +13,7 @@ import torch
 
 from pfl_core.batching import BatchStream
 from pfl_core.data.federated import ArrayDataset, Client
-from pfl_core.engine.plans import Plan
+from pfl_core.engine.plans import Drawn, Plan
 from pfl_core.models.kld_bn import Buffers
 from pfl_core.training import Params
 
@@ -78,10 +78,11 @@ class ClientProgram(Protocol):
     """The hooks the engine and the evaluation protocols call on a method (all of them: a method
     subclasses :class:`pfl_core.algorithms.base.Algorithm`, which defines every one).
 
-    Training, per sampled client and round: :meth:`carry_in` (host: start values), :meth:`draw`
-    (host: the index batches of the round, and the only place a method draws random numbers),
-    :meth:`local_update` (pure tensor code; vmapped over stacked clients by the batched path),
-    :meth:`carry_out` (host: persistent state, upload). A method that is not a program overrides
+    Training, per sampled client and round, in this order: :meth:`draw` (host: the index batches
+    of the round, and the only place a method draws random numbers; any other draw goes into a
+    :class:`~pfl_core.engine.plans.Drawn`), :meth:`carry_in` (host: start values; ``drawn`` holds
+    the draw's non-index values), :meth:`local_update` (pure tensor code; vmapped over stacked
+    clients by the batched path), :meth:`carry_out` (host: persistent state, upload). A method that is not a program overrides
     :meth:`client_update` and names why in ``batched_fallback``.
     """
 
@@ -99,9 +100,10 @@ class ClientProgram(Protocol):
 
     def client_update(self, server: ServerState, client: ClientContext, round_idx: int) -> ClientUpdate: ...
 
-    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int) -> dict: ...
+    def carry_in(self, server: ServerState, client: ClientContext, round_idx: int,
+                 drawn: dict | None = None) -> dict: ...
 
-    def draw(self, client: ClientContext, round_idx: int) -> Plan: ...
+    def draw(self, client: ClientContext, round_idx: int) -> Plan | Drawn: ...
 
     def local_update(self, carry: dict, batches: dict, masks: dict) -> tuple[dict, torch.Tensor]: ...
 

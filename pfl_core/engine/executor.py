@@ -3,11 +3,13 @@
 A method that writes its client update as a *program* (docs/speed.md; the init / step /
 final split of FedJAX) gets both paths from the one definition:
 
-* :meth:`ClientProgram.carry_in` (host side): the client's start values from the server state and its
-  own persistent state (parameters, optimiser moments, ...), a pytree of tensors;
-* :meth:`ClientProgram.draw` (host side): the index batches it consumes this round, in order (then,
-  with ``data.augment``, the per-sample augmentation of its training streams, drawn on the host:
-  :mod:`pfl_core.engine.augmentation`);
+* :meth:`ClientProgram.draw` (host side, first): every random number of the client's round - the
+  index batches it consumes, in order, and any other draw (:class:`~pfl_core.engine.plans.Drawn`);
+  then, with ``data.augment``, the per-sample augmentation of its training streams, drawn on the
+  host (:mod:`pfl_core.engine.augmentation`);
+* :meth:`ClientProgram.carry_in` (host side): the client's start values from the server state, its
+  own persistent state (parameters, optimiser moments, ...) and the round's non-index draws, a
+  pytree of tensors;
 * :meth:`ClientProgram.local_update`: a pure tensor function ``(carry, batches, masks) -> (carry,
   loss)`` - called on one client by the sequential path, vmapped over a stack by the batched path;
 * :meth:`ClientProgram.carry_out` (host side): writes the client's state, returns its upload.
@@ -25,7 +27,7 @@ import torch
 from torch.func import vmap
 
 from pfl_core.engine.augmentation import augment_draws
-from pfl_core.engine.plans import gather, make_buckets
+from pfl_core.engine.plans import Plan, gather, make_buckets, split_draw
 from pfl_core.engine.trees import stack_trees, unstack_tree
 from pfl_core.engine.contract import ClientContext, ClientProgram, ClientUpdate, ServerState
 from pfl_core.engine.memory import out_of_memory_hint
@@ -43,11 +45,18 @@ class WorkItem:
     round_idx: int
 
 
+def start_client(algorithm: ClientProgram, server, client, round_idx: int) -> tuple[dict, Plan, dict | None]:
+    """(carry, plan, augmentation draws) of one client's round, in the engine's order: ``draw``
+    (all the round's random numbers), the ``data.augment`` draws, then ``carry_in`` with the
+    draw's non-index values."""
+    plan, values = split_draw(algorithm.draw(client, round_idx))
+    draws = augment_draws(algorithm, client, plan)
+    return algorithm.carry_in(server, client, round_idx, values), plan, draws
+
+
 def run_program(algorithm: ClientProgram, server, client, round_idx: int) -> ClientUpdate:
     """The sequential path of a program: one client, no vmap."""
-    carry = algorithm.carry_in(server, client, round_idx)
-    plan = algorithm.draw(client, round_idx)
-    draws = augment_draws(algorithm, client, plan)
+    carry, plan, draws = start_client(algorithm, server, client, round_idx)
     bucket = make_buckets([plan], (), 0.0)[0]
     batches, masks = gather([client.dataset], [plan], bucket, stacked=False, draws=[draws])
     out, loss = algorithm.local_update(carry, batches, masks)
@@ -91,9 +100,8 @@ class Executor:
             return [i.algorithm.client_update(i.server, i.client, i.round_idx) for i in items]
         if any(type(i.algorithm) is not type(head) or i.algorithm.hp != head.hp for i in items):
             raise ValueError("run_many needs one method with one set of hyperparameters")
-        carries = [i.algorithm.carry_in(i.server, i.client, i.round_idx) for i in items]
-        plans = [i.algorithm.draw(i.client, i.round_idx) for i in items]
-        draws = [augment_draws(i.algorithm, i.client, plan) for i, plan in zip(items, plans)]
+        carries, plans, draws = map(list, zip(*(start_client(i.algorithm, i.server, i.client, i.round_idx)
+                                                for i in items)))
         outputs: list = [None] * len(items)
         for bucket in self.stacks(make_buckets(plans, head.maskable_streams, self.pad_tolerance)):
             stacked = len(bucket.members) > 1

@@ -1,8 +1,9 @@
 """Batch plans: the index batches a client consumes in a round, drawn on the host before any compute.
 
 A method's :meth:`~pfl_core.engine.contract.ClientProgram.draw` returns ``{stream name: [index batch,
-...]}`` in the order the sequential code consumed them, so both execution paths use exactly the
-same batches and the same random numbers. The engine groups clients whose plans have the same
+...]}`` in the order the sequential code consumed them (or a :class:`Drawn`, the plan with the
+round's other draws), so both execution paths use exactly the same batches and the same random
+numbers. The engine groups clients whose plans have the same
 shape into buckets, pads a bucket's step counts where the method allows it (with a mask), and
 gathers every batch of every client of a bucket with one indexing of the resident dataset.
 """
@@ -20,6 +21,22 @@ from pfl_core.data.federated import ArrayDataset
 CROP_PADDING = 4
 
 Plan = dict[str, list[torch.Tensor]]
+
+
+@dataclass
+class Drawn:
+    """What a :meth:`~pfl_core.engine.contract.ClientProgram.draw` returns when it draws more than
+    index batches: the ``plan``, and ``values``, its other host-side draws of the round (an
+    episode, augmentation parameters, seeds), which the engine hands to ``carry_in``. A method
+    that draws only index batches returns the plan itself."""
+
+    plan: Plan
+    values: dict
+
+
+def split_draw(drawn: Plan | Drawn) -> tuple[Plan, dict]:
+    """(plan, values) of a ``draw`` result; a bare plan has no values."""
+    return (drawn.plan, drawn.values) if isinstance(drawn, Drawn) else (drawn, {})
 
 
 def batch_sizes(plan: Plan) -> dict[str, tuple[int, ...]]:
