@@ -13,6 +13,7 @@ from benchmarks.report_commands import _tracker, cmd_report, cmd_snapshot, repor
 from benchmarks.suite import load_suite, parse_only
 from benchmarks.suite_schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
+from pfl_core.engine.capture import CAPTURES
 
 SUITE_HELP = ("a packaged suite's name, e.g. demo/offline (pflbench list suites), or the path of a suite "
               "file, e.g. suites/demo/offline.yaml")
@@ -132,13 +133,22 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
 
 
 def stack_settings(args) -> None:
-    """``--stack-limit`` and ``--jobs`` reach every run (workers inherit the environment) as
-    ``PFL_STACK_LIMIT`` and ``PFL_JOBS_PER_DEVICE`` (:mod:`pfl_core.engine.memory`)."""
+    """``--stack-limit``, ``--jobs`` and ``--capture-step`` reach every run (workers inherit the
+    environment) as ``PFL_STACK_LIMIT``, ``PFL_JOBS_PER_DEVICE`` (:mod:`pfl_core.engine.memory`) and
+    ``PFL_CAPTURE_STEP`` (:mod:`pfl_core.engine.capture`)."""
     if getattr(args, "stack_limit", None) is not None:
         if args.stack_limit < 0:
             raise SuiteError(f"--stack-limit must be >= 0 (0: no limit), got {args.stack_limit}")
         os.environ["PFL_STACK_LIMIT"] = str(args.stack_limit)
     os.environ.setdefault("PFL_JOBS_PER_DEVICE", str(max(1, getattr(args, "jobs", 1) or 1)))
+    if getattr(args, "capture_step", None):
+        if args.capture_step != "off" and args.executor == "local":
+            import torch
+
+            if args.device == "cpu" or not torch.cuda.is_available():
+                raise SuiteError(f"--capture-step {args.capture_step} needs a CUDA device (this run's device: "
+                                 f"{args.device}, CUDA available: {torch.cuda.is_available()}); drop --capture-step")
+        os.environ["PFL_CAPTURE_STEP"] = args.capture_step
 
 
 def cmd_tune(args) -> int:
@@ -264,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="batched path: at most N clients per vmapped call (0: no limit); default: chosen "
                           "per run from the free GPU memory over --jobs and the model's step size, no limit on "
                           "a CPU (PFL_STACK_MEMORY_MB sets a budget); never changes a number (tag stack_limit)")
+    run.add_argument("--capture-step", choices=CAPTURES, default=None,
+                     help="batched path on CUDA: cuda_graphs records each vmapped client step shape once as "
+                          "a CUDA graph and replays it (pfl_core/engine/capture.py); default off; never "
+                          "changes a number or the config hash (tag step_capture)")
     run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
                      help="run the seeds of each cell together in lockstep, their clients stacked on the "
                           "batched path (one unit of work per cell for --jobs / Ray)")

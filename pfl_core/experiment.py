@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -106,17 +107,23 @@ def warm_start(setups: list["RunSetup"], executor: Executor | None = None) -> li
 EXECUTION_CHOICES = ("auto", *EXECUTIONS)
 
 
-def make_executor(execution: str, device: torch.device, setups: list["RunSetup"] | None = None) -> Executor:
+def make_executor(execution: str, device: torch.device, setups: list["RunSetup"] | None = None,
+                  capture: str | None = None) -> Executor:
     """The executor of ``execution``; ``auto`` chooses per run from the cost of one client step of
     ``setups[0]`` (:func:`pfl_core.engine.choice.choose_execution`: batched on a GPU, and on a CPU
     for small models whose steps are bound by per-step overhead; docs/speed.md). The reason is
-    kept on the executor (``choice``) for the run's record."""
+    kept on the executor (``choice``) for the run's record. ``capture``: the batched step's capture
+    (:mod:`pfl_core.engine.capture`; default ``PFL_CAPTURE_STEP``, set by ``--capture-step``, else off)."""
     if execution not in EXECUTION_CHOICES:
         raise ValueError(f"execution must be one of {EXECUTION_CHOICES}, got {execution!r}")
+    capture = capture or os.environ.get("PFL_CAPTURE_STEP") or "off"
+    if capture != "off" and device.type != "cuda":
+        raise ValueError(f"step capture {capture!r} needs a CUDA device (this run's device is {device}); "
+                         "run without --capture-step")
     why = None
     if execution == "auto":
         execution, why = choose_execution(device.type, *auto_inputs(setups or []))
-    executor = Executor(execution)
+    executor = Executor(execution, capture=capture)
     executor.choice = why
     if execution == "batched" and setups:
         executor.stack_limit, executor.stack_reason = setup_stack_limit(setups[0], device)
@@ -154,6 +161,8 @@ def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
             "lockstep_runs": lockstep}
     if getattr(executor, "choice", None):
         info["execution_choice"] = executor.choice
+    if info["execution"] == "batched" and getattr(executor, "captured", None) is not None:
+        info["step_capture"] = executor.capture
     if info["execution"] == "batched" and getattr(executor, "stack_reason", None):
         info["stack_limit"] = f"{executor.stack_limit or 'none'}: {executor.stack_reason}"
     if executor.execution == "batched" and algorithm.batched_fallback:

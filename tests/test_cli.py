@@ -227,3 +227,15 @@ def test_a_run_another_suite_finished_is_reused_unless_no_reuse(tmp_path, uri, c
                        if r.data.tags.get("run_kind") == "cell"] for e in client.search_experiments()
               if e.name != "Default"}
     assert reused == {"tiny/a": [None], "tiny/b": ["tiny/a"], "tiny/c": [None]}
+
+
+def test_step_capture_without_cuda_exits_2_naming_the_fix(tiny_suite, uri, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("PFL_CAPTURE_STEP", raising=False)
+    assert main(["run", str(tiny_suite), "--profile", "smoke", "--tracking-uri", uri,
+                 "--capture-step", "cuda_graphs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pflbench: error: --capture-step cuda_graphs needs a CUDA device") and "drop --capture-step" in err
+    assert "PFL_CAPTURE_STEP" not in __import__("os").environ

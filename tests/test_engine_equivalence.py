@@ -198,7 +198,7 @@ CASES = {
 
 
 def run_path(case, execution, sizes=(8, 8, 8, 8, 8), rounds=3, per_round=3, batch_size=4, pad_tolerance=0.0,
-             seed=0, stack_limit=0):
+             seed=0, stack_limit=0, executor=None):
     method, hp, model_fn, data_fn = case
     fed = data_fn(sizes)
     torch.manual_seed(seed)
@@ -211,7 +211,7 @@ def run_path(case, execution, sizes=(8, 8, 8, 8, 8), rounds=3, per_round=3, batc
     with warnings.catch_warnings():  # a missing vmap batching rule would silently loop per model
         warnings.filterwarnings("error", message=".*performance drop.*")
         return run_federation(algorithm, fed, model_params(model), cfg, protocol, RunStreams(seed),
-                              executor=Executor(execution, pad_tolerance, stack_limit))
+                              executor=executor or Executor(execution, pad_tolerance, stack_limit))
 
 
 def assert_same_run(a, b):

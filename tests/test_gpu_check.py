@@ -18,7 +18,8 @@ def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
     on_gpu = {name: argv for name, argv, _ in gpu_check.plan(cuda=True)}
     assert on_gpu["gpu tests"][-4:] == ["-m", "gpu", "-rs", "tests"]
     assert "tests/test_gpu_guard.py" in on_gpu["guard"]
-    assert on_gpu["speed cuda"][-2:] == ["--devices", "cuda"] and "cpu" in on_gpu["speed cpu"]
+    assert on_gpu["speed cuda"][-3:] == ["--devices", "cuda", "--capture"] and "cpu" in on_gpu["speed cpu"]
+    assert not gpu_check.NOT_BUILT  # every step of the check is built
     on_cpu = {name: argv for name, argv, _ in gpu_check.plan(cuda=False)}
     assert on_cpu["speed cuda"] is None and all(on_cpu[k] for k in ("gpu tests", "guard", "speed cpu"))
     assert on_cpu["packing cuda"] is None and on_cpu["rmnist slice"] is None and on_cpu["packing cpu"]

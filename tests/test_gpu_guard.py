@@ -65,10 +65,11 @@ def _as(fed, dtype):
 
 
 def run_case(name: str, execution: str, device=torch.device("cpu"), dtype=torch.float32,
-             guard: DeviceGuard | None = None, plant=None):
+             guard: DeviceGuard | None = None, plant=None, capture: str = "off"):
     """Case ``name`` in ``dtype`` on ``device`` for ``ROUNDS`` rounds of 3 of 5 equal clients, then
     one evaluation; on the stand-in device under ``guard``, each round and the evaluation a phase of
-    its own, ``plant`` (a test's wrapper) around the method's ``local_update``. Returns (server
+    its own, ``plant`` (a test's wrapper) around the method's ``local_update``, ``capture`` the
+    executor's step capture. Returns (server
     state on the host, round losses, evaluation accuracies)."""
     method, hp, model_fn, data_fn = CASES[name]
     fed = _as(data_fn((8, 8, 8, 8, 8)), dtype)
@@ -76,7 +77,7 @@ def run_case(name: str, execution: str, device=torch.device("cpu"), dtype=torch.
     model = model_fn().to(dtype)
     cfg = FederationConfig(rounds=ROUNDS + 1, clients_per_round=3, batch_size=4)
     protocol = SeenClients(EvalConfig(steps=2, lr=0.1, reduction="sample"))
-    executor = Executor(execution)
+    executor = Executor(execution, capture=capture)
     guard = guard or DeviceGuard(dtype)
     with guard if device == STAND_IN else contextlib.nullcontext():
         fed, model = fed.to(device), model.to(device)

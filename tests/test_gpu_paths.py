@@ -1,4 +1,5 @@
-"""The engine cases on CUDA against the CPU (issue 26, items 4 and 6); marked ``gpu``, they skip
+"""The engine cases on CUDA against the CPU (issue 26, items 4 and 6), and captured steps against
+eager ones (item 5); marked ``gpu``, they skip
 without a CUDA device (``tests/conftest.py``) and run in ``pflbench gpu-check``.
 
 float64: the CUDA run (batched, the GPU default) must match the CPU's sequential reference to the
@@ -51,6 +52,15 @@ def test_cuda_matches_the_cpu_in_float64(name):
 @pytest.mark.parametrize("name", F32_CASES)
 def test_cuda_matches_the_cpu_in_float32_with_tf32_off(name):
     _cuda_against_cpu(name, torch.float32, F32_TOL)
+
+
+@pytest.mark.parametrize("name", sorted(SYNC_BUDGET))
+def test_captured_steps_match_the_eager_batched_path_on_cuda(name):
+    """``--capture-step cuda_graphs`` (:mod:`pfl_core.engine.capture`): the same kernels replayed,
+    so the same numbers as the eager batched path on the same GPU, in float64."""
+    configure_device(torch.device("cuda"), allow_tf32=False)
+    captured = run_case(name, "batched", torch.device("cuda"), torch.float64, capture="cuda_graphs")
+    _compare(captured, run_case(name, "batched", torch.device("cuda"), torch.float64), TOL)
 
 
 def test_cuda_1_is_honoured_when_there_are_two_gpus():

@@ -11,6 +11,8 @@ every workload and device it times
 * ``batched``: the round's clients vmapped together (:mod:`pfl_core.engine`);
 * ``batched xK``: K seeds advanced in lockstep, their clients stacked (``--seeds``, default 5),
   time per run-round;
+* with ``--capture``, on CUDA only: ``batched cap`` and ``batched xK cap``, the same with each
+  vmapped step shape replayed as a CUDA graph (:mod:`pfl_core.engine.capture`);
 
 and reports seconds per round (median over ``--rounds`` timed rounds after one warm-up round), the
 speed-up over the sequential path, and the achieved GFLOP/s (convolution and matmul FLOPs of one
@@ -144,11 +146,12 @@ def step_once(federations: list[Federation], executor: Executor, w: Workload, ro
     lockstep_round(federations, executor, round_idx)
 
 
-def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rounds: int) -> tuple[float, float]:
+def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rounds: int,
+              capture: str = "off") -> tuple[float, float]:
     """(median seconds per run-round, GFLOP per run-round) of ``w`` on one path."""
     federations = [build(w, device, seed) for seed in range(seeds)]
-    executor = Executor(execution)
-    step_once(federations, executor, w, 0)  # warm-up: first calls, allocator, cuDNN autotuning
+    executor = Executor(execution, capture=capture)
+    step_once(federations, executor, w, 0)  # warm-up: first calls, allocator, cuDNN autotuning, graph recording
     sync(device)
     times = []
     for r in range(rounds):
@@ -187,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--csv", default=None, help="also write the table to this CSV file")
     parser.add_argument("--allow-tf32", action="store_true", help="TF32 matmuls and convolutions on CUDA (default off)")
+    parser.add_argument("--capture", action="store_true",
+                        help="also time the batched paths with CUDA-graph step capture (CUDA devices only)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall time, or this process's CPU time (a busy shared machine; use with --threads 1)")
     args = parser.parse_args(argv)
@@ -196,11 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     chosen = [w for w in WORKLOADS if not args.only or w.name in args.only]
-    paths = [("sequential", "sequential", 1), ("batched", "batched", 1)]
+    paths = [("sequential", "sequential", 1, "off"), ("batched", "batched", 1, "off")]
     if args.seeds > 1:
-        paths.append((f"batched x{args.seeds}", "batched", args.seeds))
+        paths.append((f"batched x{args.seeds}", "batched", args.seeds, "off"))
+    captured = [(f"{label} cap", execution, seeds, "cuda_graphs") for label, execution, seeds, _ in paths[1:]]
     rows = []
-    header = f"{'workload':16s} {'device':6s} {'path':12s} {'s/round':>9s} {'speed-up':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}"
+    header = f"{'workload':16s} {'device':6s} {'path':14s} {'s/round':>9s} {'speed-up':>8s} {'GFLOP/s':>8s} {'% matmul':>8s}"
     print("random pixels with the shapes of each cell (timing only); torch", torch.__version__, "clock", args.clock)
     for device_name in devices:
         device = torch.device(device_name)
@@ -214,16 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         for w in chosen:
             print(f"{w.name:16s} {device_name:6s} {auto_choice(w, device, 1)}")
             baseline = None
-            for label, execution, seeds in paths:
-                seconds, gflop = time_path(w, device, execution, seeds, args.rounds)
+            for label, execution, seeds, capture in paths + (captured if args.capture and device.type == "cuda" else []):
+                seconds, gflop = time_path(w, device, execution, seeds, args.rounds, capture)
                 baseline = baseline or seconds
                 rate = gflop / seconds
-                row = {"workload": w.name, "device": device_name, "path": label, "s_per_round": seconds,
+                row = {"workload": w.name, "device": device_name, "path": label, "step_capture": capture,
+                       "s_per_round": seconds,
                        "speedup": baseline / seconds, "gflop_per_round": gflop, "gflops": rate,
                        "matmul_gflops": reference, "percent_of_matmul": 100 * rate / reference,
                        "torch_threads": torch.get_num_threads(), **info, "description": w.description}
                 rows.append(row)
-                print(f"{w.name:16s} {device_name:6s} {label:12s} {seconds:9.4f} {row['speedup']:7.2f}x "
+                print(f"{w.name:16s} {device_name:6s} {label:14s} {seconds:9.4f} {row['speedup']:7.2f}x "
                       f"{rate:8.1f} {row['percent_of_matmul']:7.0f}%", flush=True)
     if args.csv:
         with atomic_path(args.csv) as tmp, open(tmp, "w", newline="") as handle:

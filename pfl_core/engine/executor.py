@@ -25,8 +25,10 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch.func import vmap
+from torch.utils._pytree import tree_leaves
 
 from pfl_core.engine.augmentation import augment_draws
+from pfl_core.engine.capture import CAPTURES, CapturedSteps
 from pfl_core.engine.plans import Plan, gather, make_buckets, split_draw
 from pfl_core.engine.trees import stack_trees, unstack_tree
 from pfl_core.engine.contract import ClientContext, ClientProgram, ClientUpdate, ServerState
@@ -73,13 +75,21 @@ class Executor:
             ``1 + pad_tolerance`` of the real work (0: equal step counts only, no wasted compute).
         stack_limit: batched path only; at most this many clients per vmapped call (0: a whole
             bucket; :mod:`pfl_core.engine.memory` chooses it per run). Changes no number.
+        capture: batched path only; ``cuda_graphs`` replays each vmapped step shape as a CUDA
+            graph (:mod:`pfl_core.engine.capture`); ``off``: eager. Changes no number.
     """
 
-    def __init__(self, execution: str = "batched", pad_tolerance: float = 0.0, stack_limit: int = 0):
+    def __init__(self, execution: str = "batched", pad_tolerance: float = 0.0, stack_limit: int = 0,
+                 capture: str = "off"):
         if execution not in EXECUTIONS:
             raise ValueError(f"execution must be one of {EXECUTIONS}, got {execution!r}")
         if stack_limit < 0:
             raise ValueError(f"stack_limit must be >= 0, got {stack_limit}")
+        if capture not in CAPTURES:
+            raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
+        self.capture = capture
+        self.captured: CapturedSteps | None = CapturedSteps() if capture == "cuda_graphs" else None
+        """The recorded graphs of the batched step (None: eager)."""
         self.execution = execution
         self.pad_tolerance = pad_tolerance
         self.stack_limit = stack_limit
@@ -111,8 +121,12 @@ class Executor:
                 outputs[k] = head.local_update(carries[k], batches, masks)
                 continue
             carry, dims = stack_trees([carries[k] for k in bucket.members])
+            step = vmap(head.local_update, in_dims=(dims, 0, 0))
             try:
-                out, loss = vmap(head.local_update, in_dims=(dims, 0, 0))(carry, batches, masks)
+                if self.captured is None:
+                    out, loss = step(carry, batches, masks)
+                else:
+                    out, loss = self.captured(head, step, carry, batches, masks, variant=tuple(tree_leaves(dims)))
             except torch.OutOfMemoryError as err:
                 raise torch.OutOfMemoryError(f"{err}\n{out_of_memory_hint(len(bucket.members), self.stack_limit)}") from err
             for k, (o, l) in zip(bucket.members, zip(unstack_tree(out, len(bucket.members)), loss)):

@@ -1,0 +1,99 @@
+"""Step capture: the batched client step (one vmapped ``local_update`` over a stack of clients)
+recorded once per stack shape as a CUDA graph and replayed (``--capture-step cuda_graphs``;
+docs/speed.md "Step capture").
+
+A small model's step is thousands of tiny kernels, each paying Python, dispatch and launch costs
+larger than its arithmetic; a replayed graph launches them all at once. The graph runs the same
+kernels on the same inputs, so capture changes no number (``tests/test_gpu_paths.py`` checks every
+engine case captured against uncaptured on a GPU).
+
+What capture needs is what the client-program contract already asks of ``local_update``: no host
+syncs (``tests/test_gpu_guard.py`` holds every method to that), no random numbers (they are drawn
+in ``draw``), no Python branching on tensor values, and nothing read but its arguments and tensors
+fixed when the method was built (a graph keeps the addresses it was recorded with).
+
+How: one graph per key (the program, the pytree structure, every leaf's shape, dtype and device,
+the stacking dims). The first call of a key runs the step eagerly on a side stream (its result is
+returned, so nothing is computed twice) and then records the graph on static copies of its inputs.
+Each later call copies its inputs into those buffers, replays, and returns copies of the graph's
+outputs (the next replay overwrites them). At most ``max_graphs`` graphs are kept (least recently
+used dropped first; a harness choice, each graph holds its own memory pool).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+#: ``--capture-step`` values
+CAPTURES = ("off", "cuda_graphs")
+
+#: graphs kept per executor (harness choice: a round rarely has more bucket shapes than this)
+MAX_GRAPHS = 16
+
+
+class CudaGraphs:
+    """The CUDA backend: eager warm-up on a side stream, then ``torch.cuda.graph`` recording."""
+
+    def warm_up(self, fn: Callable, leaves: list) -> Any:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = fn(*leaves)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def record(self, fn: Callable, leaves: list) -> tuple[Callable[[], None], Any]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*leaves)
+        return graph.replay, out
+
+
+class CapturedSteps:
+    """Graphs of a step function, keyed by what fixes their kernels and addresses."""
+
+    def __init__(self, backend=None, max_graphs: int = MAX_GRAPHS):
+        self.backend = backend or CudaGraphs()
+        self.max_graphs = max_graphs
+        self.graphs: OrderedDict[tuple, tuple[Any, list, Callable[[], None], Any]] = OrderedDict()
+        """key -> (owner, kept so that its id is not reused; static inputs; replay; static outputs)"""
+        self.recorded = 0
+        """How many graphs were recorded (a key seen again after eviction is recorded again)."""
+
+    def __call__(self, owner: Any, step: Callable, *args, variant: tuple = ()) -> Any:
+        """``step(*args)``, through the graph of ``owner`` (the program) for these arguments' shapes;
+        ``variant``: whatever else fixes the step's kernels (the stacking dims of a vmapped step)."""
+        leaves, spec = tree_flatten(args)
+        key = (id(owner), variant, spec, tuple(_leaf_key(leaf) for leaf in leaves))
+        flat_step = lambda *xs: step(*tree_unflatten(list(xs), spec))  # noqa: E731
+        entry = self.graphs.get(key)
+        if entry is None:
+            out = self.backend.warm_up(flat_step, leaves)
+            static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            try:
+                replay, static_out = self.backend.record(flat_step, static)
+            except RuntimeError as err:
+                raise RuntimeError(f"step capture failed for {type(owner).__name__} ({err}); its local_update "
+                                   "must not sync with the host; run without --capture-step") from err
+            self.graphs[key] = (owner, static, replay, static_out)
+            self.recorded += 1
+            if len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+            return out
+        self.graphs.move_to_end(key)
+        _, static, replay, static_out = entry
+        for buffer, leaf in zip(static, leaves):
+            if isinstance(leaf, torch.Tensor):
+                buffer.copy_(leaf)
+        replay()
+        out_leaves, out_spec = tree_flatten(static_out)
+        return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in out_leaves], out_spec)
+
+
+def _leaf_key(leaf: Any) -> tuple:
+    if isinstance(leaf, torch.Tensor):
+        return ("tensor", tuple(leaf.shape), leaf.dtype, str(leaf.device), leaf.requires_grad)
+    return ("value", leaf)
