@@ -6,7 +6,7 @@ parameters a client predicts with. Hyperparameters are a dataclass whose default
 values; suites override them by name and unknown names are rejected.
 
 A client's round is written once, as a *program* (:mod:`pfl_core.engine.executor`):
-:meth:`Algorithm.carry_in`, :meth:`Algorithm.draw`, the pure :meth:`Algorithm.local_update` and
+:meth:`Algorithm.draw`, :meth:`Algorithm.carry_in`, the pure :meth:`Algorithm.local_update` and
 :meth:`Algorithm.carry_out`. The engine runs it for one client (the sequential path, also
 :meth:`Algorithm.client_update`) or vmapped over a stack of clients (the batched path). A method
 that overrides :meth:`Algorithm.client_update` instead runs on the sequential path only and says
@@ -32,7 +32,7 @@ Weighting = Literal["samples", "uniform"]
 
 class Algorithm(ABC):
     """Base class of every federated method. Subclasses set ``hyper_class`` and implement the
-    client program (:meth:`carry_in`, :meth:`draw`, :meth:`local_update`, :meth:`carry_out`) or,
+    client program (:meth:`draw`, :meth:`carry_in`, :meth:`local_update`, :meth:`carry_out`) or,
     sequential only, :meth:`client_update`; the defaults below are FedAvg's server."""
 
     hyper_class: ClassVar[type[HyperParams]] = HyperParams

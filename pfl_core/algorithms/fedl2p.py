@@ -335,8 +335,8 @@ class FedL2P(Algorithm):
     def draw(self, client: ClientContext, round_idx: int) -> Drawn:
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
         one val batch from a cycled val stream; both streams start a fresh epoch each round. Drawn
-        before them, from the same train generator (the order of the earlier engine, which drew
-        these in ``carry_in``): the ``meta_augment`` draws, then the meta-net input batches."""
+        before them from the same train generator, in this order (the pinned numbers depend on it):
+        the ``meta_augment`` draws, then the meta-net input batches; both reach ``carry_in``."""
         augment, inputs = self.draw_augment(client), self.input_draws(client)
         b, inner, outer = self.steps(client)
         stream = client.streams["train"]  # class-balanced with data.balanced_sampler; val never (the code)
