@@ -14,9 +14,10 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from pfl_core.algorithms import METHODS  # noqa: E402
 from pfl_core.engine.capture import CapturedSteps  # noqa: E402
 from pfl_core.engine.executor import Executor  # noqa: E402
-from pfl_core.experiment import make_executor  # noqa: E402
+from pfl_core.experiment import execution_info, make_executor  # noqa: E402
 from tests.test_engine_equivalence import CASES, assert_same_run, run_path  # noqa: E402
 
 
@@ -44,7 +45,7 @@ class HostGraphs:
 
 
 def captured_executor(backend, **kw) -> Executor:
-    executor = Executor("batched")
+    executor = Executor("batched", capture="cuda_graphs")
     executor.captured = CapturedSteps(backend, **kw)
     return executor
 
@@ -61,6 +62,10 @@ def test_captured_steps_give_the_eager_batched_numbers(name):
     captured = run_path(CASES[name], "batched", rounds=4, executor=executor)
     assert_same_run(run_path(CASES[name], "batched", rounds=4), captured)
     assert backend.replays >= 2 and executor.captured.recorded >= 1  # later rounds replayed recorded graphs
+    assert executor.captured.replayed == backend.replays
+    info = execution_info(executor, METHODS.get(CASES[name][0]))  # the run's tags
+    assert info["step_capture"] == (f"cuda_graphs: {executor.captured.recorded} graph(s) recorded, "
+                                    f"{backend.replays} replay(s)")
 
 
 def test_a_graph_is_recorded_once_per_stack_shape_and_the_oldest_is_dropped_past_the_limit():

@@ -62,6 +62,8 @@ class CapturedSteps:
         """key -> (owner, kept so that its id is not reused; static inputs; replay; static outputs)"""
         self.recorded = 0
         """How many graphs were recorded (a key seen again after eviction is recorded again)."""
+        self.replayed = 0
+        """How many calls replayed a recorded graph (the calls capture paid for)."""
 
     def __call__(self, owner: Any, step: Callable, *args, variant: tuple = ()) -> Any:
         """``step(*args)``, through the graph of ``owner`` (the program) for these arguments' shapes;
@@ -89,6 +91,7 @@ class CapturedSteps:
             if isinstance(leaf, torch.Tensor):
                 buffer.copy_(leaf)
         replay()
+        self.replayed += 1
         out_leaves, out_spec = tree_flatten(static_out)
         return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in out_leaves], out_spec)
 
