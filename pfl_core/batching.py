@@ -6,6 +6,8 @@ indices are shuffled **once** and then iterated in that fixed order every epoch
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 
@@ -99,3 +101,12 @@ class BatchStream:
         batch = self._batches[self._cursor]
         self._cursor += 1
         return batch
+
+
+def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator,
+                   weights: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
+    """A shuffling DataLoader (no drop_last) cycled for ever: a fresh permutation each epoch
+    (the FedL2P code's ``cycle(loader)``, re-iterating the loader), or with ``weights`` a fresh
+    class-balanced draw with replacement (``data.balanced_sampler``, :func:`epoch_order`)."""
+    while True:
+        yield from torch.split(epoch_order(index, generator, weights), batch_size)

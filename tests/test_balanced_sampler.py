@@ -49,7 +49,7 @@ def test_only_the_train_streams_are_balanced():
 
 
 def test_fedl2p_meta_trains_on_balanced_train_batches_and_plain_val_batches():
-    from pfl_core.algorithms.fedl2p import cycled_batches
+    from pfl_core.batching import cycled_batches
 
     fed = l2p_federation(sizes=(10,), val=6)
     algorithm = make_method("fedl2p", tiny_resnet().double(), **{**FAST, "outer_epochs": 2})

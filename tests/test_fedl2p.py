@@ -12,7 +12,8 @@ import torch
 from pfl_core.algorithms import METHODS
 from pfl_core.engine.contract import ClientUpdate
 from pfl_core.algorithms.fedavg import FedAvg
-from pfl_core.algorithms.fedl2p import FedL2P, augment_batch
+from pfl_core.algorithms.fedl2p import FedL2P
+from pfl_core.algorithms._lib.meta_augment import augment_batch
 from pfl_core.data.augment.crop_flip import CropFlip, crop_flip
 from pfl_core.algorithms.l2p import l2p_outer_epochs
 from pfl_core.config import FederationConfig

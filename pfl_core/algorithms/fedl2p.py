@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Iterator, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,15 +51,14 @@ from torch.func import functional_call
 
 from pfl_core.algorithms import METHODS
 from pfl_core.algorithms.base import Algorithm
-from pfl_core.batching import epoch_order
+from pfl_core.batching import cycled_batches, epoch_order
 from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.engine.plans import Drawn, augmented_rows
 from pfl_core.fields import HyperParams, Tune
-from pfl_core.data.augment.crop_flip import CropFlip, crop_flip, draw_crop_flip
-from pfl_core.data.augment.flip_rotate import FlipRotate, draw_flip_rotate, flip_rotate
 from pfl_core.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Probability
 from pfl_core.algorithms._lib.finetune import FinetuneRecipe
 from pfl_core.algorithms._lib.hypergradient import NeumannScaling, implicit_hypergradient, tree_detach
+from pfl_core.algorithms._lib.meta_augment import augment_batch, draw_shared
 from pfl_core.algorithms._lib.meta_inputs import meta_inputs
 from pfl_core.models.kld_bn import (bn_mode, bn_names, forward_bn, load_pretrained, model_buffers,
                                     running_stats, set_betas)
@@ -125,28 +124,6 @@ class FedL2PHyper(HyperParams):
     """Server mean of lambda weighted by |val| (the code, docs/papers/fedl2p.md) or uniform."""
     patience: NonNegativeInt = 50
     """Stop once round - best_round >= patience (code; CIFAR-10 50, CIFAR-10-C 100); 0: never."""
-
-
-def cycled_batches(index: torch.Tensor, batch_size: int, generator: torch.Generator,
-                   weights: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
-    """A shuffling DataLoader (no drop_last) cycled for ever: a fresh permutation each epoch
-    (the code's ``cycle(loader)``, re-iterating the loader), or with ``weights`` a fresh
-    class-balanced draw with replacement (``data.balanced_sampler``, :func:`epoch_order`)."""
-    while True:
-        yield from torch.split(epoch_order(index, generator, weights), batch_size)
-
-
-def augment_batch(x: torch.Tensor, draws: dict | None, i: int, pad: torch.Tensor, padding: int) -> torch.Tensor:
-    """Batch ``x`` (normalized) cropped and flipped with draw ``i`` of ``draws`` shared by all its
-    images; ``pad`` is the normalized image of zeros, so the padding is black before Normalize, as
-    in the code (exact for per-channel normalization). ``draws`` None: ``x`` unchanged."""
-    if draws is None:
-        return x
-    n = x.shape[0]
-    if "angle" in draws:  # flip + rotation (Office, DomainNet): the zero fill is black before Normalize too
-        return flip_rotate(x - pad, FlipRotate(*(draws[k][i].expand(n) for k in ("flip", "angle")))) + pad
-    shared = CropFlip(*(draws[k][i].expand(n) for k in ("top", "left", "flip")))
-    return crop_flip(x - pad, shared, padding) + pad
 
 
 @METHODS.register("fedl2p")
@@ -321,16 +298,10 @@ class FedL2P(Algorithm):
         if self.hp.meta_augment == "none":
             return None
         b, inner, outer = self.steps(client)
-        gen, padding = client.streams["train"].generator, self.hp.augment_padding
-        out = {}
         counts = {"inputs": math.ceil(client.num_samples("train") / b), "inner": outer * inner,
                   "ltrain": outer if self.hp.hypergradient == "ift" else 0}
-        for name, count in counts.items():
-            if self.hp.meta_augment == "flip_rotate":
-                out[name] = dict(zip(("flip", "angle"), draw_flip_rotate(count, gen)))
-            else:
-                out[name] = dict(zip(("top", "left", "flip"), draw_crop_flip(count, gen, padding=padding)))
-        return out
+        return {name: draw_shared(self.hp.meta_augment, count, client.streams["train"].generator,
+                                  self.hp.augment_padding) for name, count in counts.items()}
 
     def draw(self, client: ClientContext, round_idx: int) -> Drawn:
         """Per outer step: S inner batches and (IFT) one L_T batch from one cycled train stream,
