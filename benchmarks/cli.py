@@ -31,13 +31,19 @@ def device_arg(value: str) -> str:
 
 
 def check_local_device(args) -> None:
-    """A CUDA device asked of this machine must exist (a Ray cluster's workers are checked there)."""
-    if args.executor == "local" and args.device.startswith("cuda"):
-        import torch
+    """A CUDA device asked of this machine must exist, and so must one for ``--capture-step`` (a Ray
+    cluster's workers are checked there)."""
+    if args.executor != "local":
+        return
+    import torch
 
-        if not torch.cuda.is_available():
-            raise SuiteError(f"--device {args.device}: torch sees no CUDA device on this machine; use "
-                             f"--device auto or cpu")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SuiteError(f"--device {args.device}: torch sees no CUDA device on this machine; use "
+                         f"--device auto or cpu")
+    capture = getattr(args, "capture_step", None)
+    if capture not in (None, "off") and (args.device == "cpu" or not torch.cuda.is_available()):
+        raise SuiteError(f"--capture-step {capture} needs a CUDA device (this run's device: {args.device}, "
+                         f"CUDA available: {torch.cuda.is_available()}); drop --capture-step")
 
 
 def _executor(args):
@@ -142,12 +148,6 @@ def stack_settings(args) -> None:
         os.environ["PFL_STACK_LIMIT"] = str(args.stack_limit)
     os.environ.setdefault("PFL_JOBS_PER_DEVICE", str(max(1, getattr(args, "jobs", 1) or 1)))
     if getattr(args, "capture_step", None):
-        if args.capture_step != "off" and args.executor == "local":
-            import torch
-
-            if args.device == "cpu" or not torch.cuda.is_available():
-                raise SuiteError(f"--capture-step {args.capture_step} needs a CUDA device (this run's device: "
-                                 f"{args.device}, CUDA available: {torch.cuda.is_available()}); drop --capture-step")
         os.environ["PFL_CAPTURE_STEP"] = args.capture_step
 
 

@@ -58,8 +58,9 @@ class CapturedSteps:
     def __init__(self, backend=None, max_graphs: int = MAX_GRAPHS):
         self.backend = backend or CudaGraphs()
         self.max_graphs = max_graphs
-        self.graphs: OrderedDict[tuple, tuple[Any, list, Callable[[], None], Any]] = OrderedDict()
-        """key -> (owner, kept so that its id is not reused; static inputs; replay; static outputs)"""
+        self.graphs: OrderedDict[tuple, tuple[Any, list, Callable[[], None], list, Any]] = OrderedDict()
+        """key -> (owner, kept so that its id is not reused; static inputs; replay; static output
+        leaves and their tree structure)"""
         self.recorded = 0
         """How many graphs were recorded (a key seen again after eviction is recorded again)."""
         self.replayed = 0
@@ -70,9 +71,9 @@ class CapturedSteps:
         ``variant``: whatever else fixes the step's kernels (the stacking dims of a vmapped step)."""
         leaves, spec = tree_flatten(args)
         key = (id(owner), variant, spec, tuple(_leaf_key(leaf) for leaf in leaves))
-        flat_step = lambda *xs: step(*tree_unflatten(list(xs), spec))  # noqa: E731
         entry = self.graphs.get(key)
         if entry is None:
+            flat_step = lambda *xs: step(*tree_unflatten(list(xs), spec))  # noqa: E731
             out = self.backend.warm_up(flat_step, leaves)
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             try:
@@ -80,19 +81,18 @@ class CapturedSteps:
             except RuntimeError as err:
                 raise RuntimeError(f"step capture failed for {type(owner).__name__} ({err}); its local_update "
                                    "must not sync with the host; run without --capture-step") from err
-            self.graphs[key] = (owner, static, replay, static_out)
+            self.graphs[key] = (owner, static, replay, *tree_flatten(static_out))
             self.recorded += 1
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
             return out
         self.graphs.move_to_end(key)
-        _, static, replay, static_out = entry
+        _, static, replay, out_leaves, out_spec = entry
         for buffer, leaf in zip(static, leaves):
             if isinstance(leaf, torch.Tensor):
                 buffer.copy_(leaf)
         replay()
         self.replayed += 1
-        out_leaves, out_spec = tree_flatten(static_out)
         return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in out_leaves], out_spec)
 
 

@@ -87,9 +87,8 @@ class Executor:
             raise ValueError(f"stack_limit must be >= 0, got {stack_limit}")
         if capture not in CAPTURES:
             raise ValueError(f"capture must be one of {CAPTURES}, got {capture!r}")
-        self.capture = capture
         self.captured: CapturedSteps | None = CapturedSteps() if capture == "cuda_graphs" else None
-        """The recorded graphs of the batched step (None: eager)."""
+        """The recorded graphs of the batched step (None: ``capture`` off, eager)."""
         self.execution = execution
         self.pad_tolerance = pad_tolerance
         self.stack_limit = stack_limit
