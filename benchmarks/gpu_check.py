@@ -50,7 +50,8 @@ def _run(name: str, argv: list[str], timeout: int) -> Step:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         output, ok = proc.stdout + proc.stderr, proc.returncode in (0, 5)  # 5: pytest collected nothing
     except subprocess.TimeoutExpired as err:
-        output, ok = f"timed out after {timeout} s\n{err.stdout or ''}", False
+        partial = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        output, ok = f"timed out after {timeout} s\n{partial}", False
     return Step(name, "passed" if ok else "failed", time.perf_counter() - started,
                 "\n".join(output.strip().splitlines()[-40:]), " ".join(argv[2:] if argv[1] == "-m" else argv[1:]))
 
