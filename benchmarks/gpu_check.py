@@ -89,6 +89,16 @@ def device_slug(cuda: bool) -> str:
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
 
 
+def default_out(dry_run: bool) -> Path:
+    """``reports/gpu`` where the check runs on CUDA (its report is committed); in dry mode the
+    results folder's ``gpu/`` (:func:`benchmarks.stores.results_dir`, ignored by git)."""
+    import torch
+
+    from benchmarks.stores import results_dir
+
+    return results_dir() / "gpu" if dry_run or not torch.cuda.is_available() else Path("reports/gpu")
+
+
 def run_check(out: Path = Path("reports/gpu"), dry_run: bool = False, tests: str = "tests",
               timeout: int = 3600, data_dir: str | None = None) -> tuple[Path, list[Step]]:
     """Run the steps (dry mode without CUDA or with ``dry_run``) and write the report."""
@@ -139,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="reports/gpu", help="report folder (default reports/gpu)")
+    parser.add_argument("--out", default=None,
+                        help="report folder (default: reports/gpu on a GPU; in dry mode <results dir>/gpu, outside "
+                             "the tracked tree, since a dry run's report is not a measurement to commit)")
     parser.add_argument("--dry-run", action="store_true", help="dry mode even with a GPU (CPU steps only)")
     parser.add_argument("--tests", default="tests", help="where the gpu-marked tests are collected (default tests)")
     parser.add_argument("--data-dir", default=None,
@@ -147,7 +159,8 @@ def add_arguments(parser) -> None:
 
 
 def cmd_gpu_check(args) -> int:
-    path, steps = run_check(Path(args.out), args.dry_run, args.tests, data_dir=args.data_dir)
+    out = Path(args.out) if args.out else default_out(args.dry_run)
+    path, steps = run_check(out, args.dry_run, args.tests, data_dir=args.data_dir)
     needs = [s.name for s in steps if s.status == "needs a GPU"]
     print(f"gpu-check: report {path}" + (f"; needs a GPU: {', '.join(needs)}" if needs else ""))
     return 1 if any(s.status == "failed" for s in steps) else 0
