@@ -14,11 +14,13 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from pypdf import PdfReader
+from pypdf.generic import ContentStream
 
 import benchmarks.runner as runner
 import benchmarks.worker as worker
 from benchmarks.cli import main
 from benchmarks.reporting import render_paper, write_report
+from benchmarks.reporting.text import notice
 from benchmarks.runner import run_sweep
 from benchmarks.suite import cell_id, load_suite
 from benchmarks.tracking import Tracker
@@ -174,6 +176,45 @@ def pdf_pages(path) -> list[str]:
 
 def squash(text: str) -> str:
     return re.sub(r"\s+", " ", text)
+
+
+def page_layout(path, index: int = 0) -> tuple[list[float], list[tuple[float, str]]]:
+    """Where things sit on a page of a PDF, in points from its bottom: the bottom edge of each image
+    drawn (a heat map is one) and each line of text with its baseline."""
+    reader = PdfReader(path)
+    page = reader.pages[index]
+    xobjects = page["/Resources"].get("/XObject", {})
+    images, stack, ctm = [], [], [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    for args, op in ContentStream(page.get_contents(), reader).operations:
+        if op == b"q":
+            stack.append(ctm)
+        elif op == b"Q":
+            ctm = stack.pop()
+        elif op == b"cm":
+            a, b, c, d, e, f = (float(x) for x in args)
+            A, B, C, D, E, F = ctm
+            ctm = [a * A + b * C, a * B + b * D, c * A + d * C, c * B + d * D, e * A + f * C + E, e * B + f * D + F]
+        elif op == b"Do" and xobjects[args[0]].get_object().get("/Subtype") == "/Image":
+            images.append(ctm[5])
+    pieces: dict[float, str] = {}  # baseline -> its text (a ligature such as "fl" comes as a piece of its own)
+
+    def visit(text, cm, tm, *_):
+        y = round(tm[4] * cm[1] + tm[5] * cm[3] + cm[5], 1)
+        pieces[y] = pieces.get(y, "") + text
+    page.extract_text(visitor_text=visit)
+    return images, [(y, text) for y, text in pieces.items() if text.strip()]
+
+
+def assert_shows_before_it_tells(path, line: str) -> None:
+    """Page 1 of the PDF at ``path``: an image (the figure) above the verdict-count ``line``, and no
+    table before it (the summary's count table is on page 2)."""
+    images, texts = page_layout(path, 0)
+    assert images, "page 1 holds no image: the figure is missing"
+    at = [y for y, text in texts if line in squash(text)]
+    assert at, f"page 1 lacks the verdict line {line!r}"
+    assert min(images) > max(at), "the verdict line comes before (above) the figure"
+    first = squash(pdf_pages(path)[0])
+    assert "best method holds" not in first and "best method holds" in squash(pdf_pages(path)[1])
 
 
 # ------------------------------------------------------------------ smoke sweep: tables
@@ -416,12 +457,12 @@ def test_latex_tables_are_booktabs_with_bold_best_and_balanced(reported, tmp_pat
 def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
     done = reported["tiny_pdf"]
     pages = pdf_pages(done.pdf)
-    # summary, table with its legend folded under it, bars, diff, fidelity, setup
-    assert len(pages) == len(done.pages) == 6
-    assert done.pages[0] == "summary" and not any("verdicts and conclusions" in p for p in done.pages)
-    for page in pages:
+    # overview, summary, table with its legend folded under it, bars, diff, fidelity, setup
+    assert len(pages) == len(done.pages) == 7
+    assert done.pages[:2] == ["overview", "summary"] and not any("verdicts and conclusions" in p for p in done.pages)
+    for page in pages:  # one table, not comparable: page 1's figure is of it, so its notice is beside it
         assert NOTICE in squash(page)
-    title = squash(pages[0])
+    title = squash(pages[1])
     for field in ("Paper: tiny", "Code commit:", "Date rendered:", "Device: cpu", "Profile: smoke",
                   "Runs: 11 finished, 1 failed, of 12 expected", "Total compute time:"):
         assert field in title, field
@@ -438,7 +479,7 @@ def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
 def test_pdf_total_compute_time_is_the_sum_of_wall_s(reported):
     runs = reported["tiny_pdf"].suites[0].report.runs
     total = runs["wall_s"].sum()
-    assert f"Total compute time: {total:.1f} s" in squash(pdf_pages(reported["tiny_pdf"].pdf)[0])
+    assert f"Total compute time: {total:.1f} s" in squash(pdf_pages(reported["tiny_pdf"].pdf)[1])
 
 
 def test_pdf_of_the_paper_profile_has_sections_figures_and_no_notice(reported):
@@ -454,6 +495,22 @@ def test_pdf_of_the_paper_profile_has_sections_figures_and_no_notice(reported):
     assert "accuracy vs personalization steps" in text  # the CAFeMe Fig. 4 form
     assert "Kendall" in text and "best ours local, best paper fedavg_ft (does not hold)" in text
     assert "60.00 ± 4.00" in text and "65.00 ± 8.33" in text
+
+
+def test_pdf_page_one_shows_the_figure_then_the_verdict_count(reported):
+    """Page 1 shows before it tells: the first table's difference-to-paper heat map (an image), then
+    its verdicts in one line; the other table gets a line naming its section; the title lines and
+    the summary's tables are on page 2."""
+    done = reported["hand_pdf"]
+    assert_shows_before_it_tells(done.pdf, "hand/curves: 1 reproduced, 1 above, 1 below of 3 cells compared")
+    first = squash(pdf_pages(done.pdf)[0])
+    assert "6 in all: 1 partial, 1 failed, 1 not run" in first
+    assert "Reproduction report: hand" in first
+    assert ("hand/bestval: 1 reproduced, 1 above, 0 below of 2 cells compared (6 in all: 3 not run, 1 no reference)"
+            " - section 2") in first
+    assert "Paper: hand" not in first and "Paper: hand" in squash(pdf_pages(done.pdf)[1])
+    for verdict in ("reproduced", "above", "below", "partial"):  # each cell's verdict under its value
+        assert verdict in first
 
 
 # ------------------------------------------------------------------ commands
@@ -492,14 +549,23 @@ def test_report_beside_a_committed_snapshot_says_which_is_which(reported, tmp_pa
     assert main(["report", str(reported["path"]), "--profile", "smoke", "--tracking-uri", reported["uri"],
                  "--out", str(out), "--beside-snapshot", str(snapshot)]) == 0
     pages = pdf_pages(out / "tiny.pdf")
-    first = squash(pages[0])
+    first, summary = squash(pages[0]), squash(pages[1])
+    # page 1: the snapshot's heat map, then its verdict count, then which table is which
+    assert_shows_before_it_tells(out / "tiny.pdf", "cgpfl/table1: 17 reproduced, 8 above, 11 below of 36 cells compared")
     assert "cgpfl/table1: a COMMITTED SNAPSHOT of" in first and "without rerunning anything" in first
-    row = next(line for line in pages[0].splitlines() if line.startswith("cgpfl/table1 "))
-    assert int(row.split()[2]) >= 3  # reproduced cells of the snapshot, counted on page 1
-    assert "Suites: tiny/mini" in first and "tiny/mini: Not comparable with the paper" in first
+    assert "tiny/mini: " in first and "section 2" in first
+    # the smoke suite's notice is not on page 1 (nor its banner): it is beside its own table
+    tiny_notice = squash(notice(next(r for r in reported["tiny_pdf"].suites).report).replace("`", ""))
+    assert NOTICE not in first and "NOT COMPARABLE" not in first and "offline data" not in first
+    row = next(line for line in pages[1].splitlines() if line.startswith("cgpfl/table1 "))
+    assert int(row.split()[2]) >= 3  # reproduced cells of the snapshot, counted on the summary page
+    assert "Suites: tiny/mini" in summary and f"tiny/mini: {tiny_notice}" in summary
     cgpfl = [i for i, p in enumerate(pages) if "(cgpfl/table1)" in p]  # the section's footer names it
-    assert cgpfl and all("NOT COMPARABLE" not in pages[i] for i in cgpfl)
-    assert all("NOT COMPARABLE" in pages[i] for i in range(len(pages)) if i not in cgpfl)
+    tiny = [i for i, p in enumerate(pages) if "(tiny/mini)" in p]
+    assert cgpfl and all("NOT COMPARABLE" not in pages[i] and NOTICE not in squash(pages[i]) for i in cgpfl)
+    assert tiny and all("NOT COMPARABLE" in pages[i] and tiny_notice in squash(pages[i]) for i in tiny)
+    table_page = next(i for i in tiny if "2. " in pages[i] and "50.00 ± 1.50" in pages[i])  # its table
+    assert tiny_notice in squash(pages[table_page])
     assert (out / "tiny" / "beside" / "cgpfl" / "table1.md").is_file() and not (out / "cgpfl").exists()
 
 
@@ -578,9 +644,9 @@ def test_published_cell_key_order_does_not_matter(tmp_path, suite_data, reported
 
 
 def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
-    """Page 1 of a two-table PDF: the verdict counts per table and in all, the labels, Kendall tau
-    per table and the switches in force (tiny suite: its smoke profile's non-default settings)."""
-    hand = squash(pdf_pages(reported["hand_pdf"].pdf)[0])
+    """Page 2 (the summary) of a two-table PDF: the verdict counts per table and in all, the labels,
+    Kendall tau per table and the switches in force (tiny suite: its smoke profile's non-default settings)."""
+    hand = squash(pdf_pages(reported["hand_pdf"].pdf)[1])
     reports = [s.report for s in reported["hand_pdf"].suites]
     holds = [f"{sum(c.best_holds for c in r.conclusions)}/{len(r.conclusions)}" for r in reports]
     # cells, reproduced, above, below, partial, failed, not run, no reference, undecided, best holds
@@ -592,7 +658,7 @@ def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
                  "no table has a code reference: the labels read the paper only",
                  "hand/curves: dir n/a (3 methods); iid n/a (1 method)", "Switches in force"):
         assert line in hand, line
-    tiny = squash(pdf_pages(reported["tiny_pdf"].pdf)[0])
+    tiny = squash(pdf_pages(reported["tiny_pdf"].pdf)[1])
     assert "Summary" in tiny and "Paper: tiny" in tiny and NOTICE in tiny
     n_cells = len(reported["suite"].cells())
     assert f"method.lr=0.05 (default 0.001): {n_cells} cell(s)" in tiny

@@ -257,9 +257,11 @@ def test_cafeme_markdown_and_latex_explain_the_two_references(cafeme_report):
 
 def test_cafeme_pdf_shows_the_label_and_counts_it_on_the_summary_page(cafeme_report):
     done, pages = cafeme_report["done"], cafeme_report["pages"]
-    assert done.pages[0] == "summary" and len(pages) == len(done.pages)
-    summary = squash(pages[0])
-    for part in ("Reproduction report: cafeme", "Summary", "Runs: 5 finished, 0 failed, of 160 expected",
+    assert done.pages[:2] == ["overview", "summary"] and len(pages) == len(done.pages)
+    first, summary = squash(pages[0]), squash(pages[1])
+    assert "Reproduction report: cafeme" in first  # page 1: the heat map, then the verdict count
+    assert "cafeme/table1: 0 reproduced, 0 above, 1 below of 1 cell compared" in first and "32 in all: 31 not run" in first
+    for part in ("Summary: cafeme", "Runs: 5 finished, 0 failed, of 160 expected",
                  "1 x matches the authors' code, below the paper", "31 x not run",
                  "tables with a code reference (a re-run of the authors' code): cafeme/table1",
                  "cafeme/table1: rmnist / shards n/a (1 method)", "Switches in force",

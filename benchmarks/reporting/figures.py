@@ -65,27 +65,55 @@ def grouped_bars(report: SuiteReport):
     return fig
 
 
-def diff_heatmap(report: SuiteReport):
-    """Methods x columns, colour = ours − paper; None when no cell has both numbers."""
+def diff_grid(report: SuiteReport):
+    """(method labels, column labels, ours − paper per method x column, the verdict per cell)."""
     method = report.method_axis
     groups = _columns(report)
     methods = list(dict.fromkeys(report.table[method])) if method else ["value"]
     grid = np.full((len(methods), len(groups)), np.nan)
+    verdicts = np.full(grid.shape, "", dtype=object)
     for j, (_, g) in enumerate(groups):
         for _, row in g.iterrows():
-            grid[methods.index(row[method]) if method else 0, j] = row["diff"]
+            i = methods.index(row[method]) if method else 0
+            grid[i, j], verdicts[i, j] = row["diff"], row["verdict"]
+    return methods, [column_label(g.iloc[0], report.column_axes) for _, g in groups], grid, verdicts
+
+
+def draw_diff(ax, report: SuiteReport, verdicts: bool = False, fontsize: float = 10):
+    """The heat map of ours − paper on ``ax`` (None when no cell has both numbers), with each cell's
+    value and, with ``verdicts``, its verdict under it. With verdicts the colour saturates at three
+    times the median bound (beyond-the-bound cells stand out; the values stay printed)."""
+    methods, columns, grid, verdict = diff_grid(report)
     if np.isnan(grid).all():
         return None
     lim = max(np.nanmax(np.abs(grid)), 1e-9)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(groups), 1.2 + 0.45 * len(methods)))
+    bounds = report.table["bound"].to_numpy(dtype=float)
+    if verdicts and np.isfinite(bounds).any():
+        lim = min(lim, max(3 * float(np.nanmedian(bounds)), 1e-9))
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     for (i, j), v in np.ndenumerate(grid):
         dark = not math.isnan(v) and abs(v) > 0.6 * lim
-        ax.text(j, i, "—" if math.isnan(v) else f"{v:+.1f}", ha="center", va="center", fontsize=10,
-                color="white" if dark else "black")
-    ax.set_xticks(range(len(groups)), [column_label(g.iloc[0], report.column_axes) for _, g in groups],
-                  rotation=30, ha="right", fontsize=9)
+        colour = "white" if dark else "black"
+        text = "—" if math.isnan(v) else f"{v:+.1f}" if not verdicts else f"{v:+.2f}"
+        ax.text(j, i - (0.12 if verdicts else 0), text, ha="center", va="center", fontsize=fontsize,
+                color=colour, weight="bold" if verdicts else "normal")
+        if verdicts:
+            ax.text(j, i + 0.22, verdict[i, j] or "", ha="center", va="center", fontsize=fontsize * 0.7,
+                    color=colour)
+    ax.set_xticks(range(len(columns)), columns, rotation=30 if not verdicts else 0,
+                  ha="right" if not verdicts else "center", fontsize=9)
     ax.set_yticks(range(len(methods)), methods, fontsize=9)
+    return image
+
+
+def diff_heatmap(report: SuiteReport):
+    """Methods x columns, colour = ours − paper; None when no cell has both numbers."""
+    methods, columns, _, _ = diff_grid(report)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(columns), 1.2 + 0.45 * len(methods)))
+    image = draw_diff(ax, report)
+    if image is None:
+        plt.close(fig)
+        return None
     fig.colorbar(image, ax=ax, label="ours − paper")
     ax.set_title(f"{report.suite.key}: difference to the paper", fontsize=9)
     fig.tight_layout()

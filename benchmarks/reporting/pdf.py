@@ -1,8 +1,10 @@
-"""One PDF per paper (matplotlib's PdfPages, no TeX): a first page with the title and the summary
-(:mod:`.summary`), then per suite its table with the legend, verdicts and conclusions below it (on a
-page of their own when they do not fit), figures, fidelity switches and exact setup. When any
-suite's numbers are not comparable with the paper (non-paper profile, offline data), every page
-carries a red notice."""
+"""One PDF per paper (matplotlib's PdfPages, no TeX). Page 1 shows before it tells: one table's
+difference-to-paper heat map with each cell's verdict, then its verdict count in one line
+(:func:`front_page`); page 2 the title lines and the summary (:mod:`.summary`); then per suite its
+table with the legend, verdicts and conclusions below it (on a page of their own when they do not
+fit), figures, fidelity switches and exact setup. A suite whose numbers are not comparable with the
+paper (non-paper profile, offline data) has a red notice on each of its own pages, beside its page-1
+figure when it is the one shown, and named on the summary page; no other table's page carries it."""
 from __future__ import annotations
 
 import datetime as dt
@@ -18,6 +20,7 @@ import yaml  # noqa: E402
 from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 
 from benchmarks.reporting import extras, fidelity, personalization, qualitative, summary  # noqa: E402
+from benchmarks.reporting.figures import OURS, diff_grid, draw_diff  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
 from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
 from pfl_core.atomic_file import atomic_path  # noqa: E402
@@ -30,6 +33,7 @@ LINE_H = 7.5 * 1.35 / 72 / PAGE[1]  # one text line of text_pages, in figure hei
 TABLE_TOP, TABLE_H, ROW_H = 0.78, 0.70, 0.04  # the table's axes (figure) and row height (axes)
 BOTTOM = 0.07
 SUMMARY_LINE_H = 9 * 1.35 / 72 / PAGE[1]
+FIGURE_LABELS = 0.07  # page 1: room under the heat map for its column labels
 
 
 def _plain(line: str) -> str:
@@ -37,7 +41,8 @@ def _plain(line: str) -> str:
 
 
 class ReportPdf:
-    """PdfPages with a running footer and, when set, the not-comparable notice on every page."""
+    """PdfPages with a running footer and, when set, a not-comparable notice (``warning``: that of
+    the table whose pages are being written) on each page."""
 
     def __init__(self, path: Path, paper: str, warning: str):
         plt.rcParams.update({"pdf.fonttype": 42, "ps.fonttype": 42})  # extractable text
@@ -203,25 +208,93 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     doc.text_pages(f"{title}: exact setup", setup_lines(report), mono=True)
 
 
-def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning: str,
-                 front_note: str = "", beside: int = 0) -> None:
-    """Page 1: the title lines, then the summary: verdict counts per table, the labels, Kendall's
-    tau per table and the switches in force (:mod:`.summary`), cut to fit one page. ``front_note``
-    (tables rendered beside this paper's own, e.g. a committed snapshot) comes first, in blue; the
-    title lines count the paper's own runs only (the first ``beside`` reports are not)."""
+def _block_height(lines: list[str], size: float) -> float:
+    return len(lines) * size * 1.3 / 72 / PAGE[1] + 0.012
+
+
+def _lines_at(fig, y: float, lines: list[str], size: float = 9, **style) -> float:
+    """Write ``lines`` from ``y`` down; return the y under them."""
+    if lines:
+        fig.text(0.04, y, "\n".join(lines), fontsize=size, va="top", linespacing=1.3, **style)
+    return y - _block_height(lines, size)
+
+
+def _headline_figure(fig, report: SuiteReport, top: float, room: float) -> float:
+    """Page 1's figure of ``report`` in at most ``room`` (figure height) under ``top``: the heat map
+    of ours − paper with each cell's verdict (an image), or, where no cell has both numbers, ours
+    per cell as bars. Returns the y under it (and its column labels)."""
+    methods, columns, _, _ = diff_grid(report)
+    rows = len(methods)
+    height = max(0.16, min(0.055 * rows, room - FIGURE_LABELS))
+    width = min(0.56, max(0.22, 0.14 * len(columns)))
+    ax = fig.add_axes([0.22, top - height, width, height])
+    image = draw_diff(ax, report, verdicts=True, fontsize=10 if rows <= 10 else max(5.0, 100 / rows))
+    if image is not None:
+        fig.colorbar(image, cax=fig.add_axes([0.22 + width + 0.015, top - height, 0.012, height]),
+                     label="ours − paper", extend="both")
+        return top - height - FIGURE_LABELS
+    labels = [" / ".join(str(r[a]) for a in report.axes) for _, r in report.table.iterrows()]
+    ax.barh(labels, report.table["mean"].fillna(0), xerr=report.table["pm"].fillna(0), color=OURS)
+    ax.invert_yaxis()
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel(report.metric.label, fontsize=8)
+    return top - height - FIGURE_LABELS
+
+
+def front_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], front_note: str = "") -> None:
+    """Page 1 shows before it tells: the figure of one table (:func:`.summary.headline`: a committed
+    snapshot shown beside, else the first table with published numbers), its verdicts in one line,
+    its notice beside it when it has one, ``front_note`` (which table is which), then one line per
+    other table, naming its section. Other tables' notices stay beside their own tables."""
+    k = summary.headline(reports)
+    report = reports[k]
+    blocks = [(textwrap.wrap(summary.verdict_line(report), 100, subsequent_indent="    "), 13, {"weight": "bold"})]
+    rest = summary.uncompared(report)
+    if rest:
+        blocks.append(([f"{rest[1:-1]}; every cell with its rule: section {k + 1}"], 9.5, {}))
+    if notice(report):
+        blocks.append((textwrap.wrap(notice(report).replace("`", ""), 140), 9.5,
+                       {"color": "#b00020", "weight": "bold"}))
+    if front_note:
+        blocks.append(([w for part in front_note.split("\n") for w in textwrap.wrap(part, 150)], 9,
+                       {"color": "#0b3d91", "weight": "bold"}))
+    others = [" ".join(filter(None, [summary.verdict_line(other), summary.uncompared(other)])) + f" - section {i}"
+              + ("; its own notice, beside its table, says how its setup differs from the paper's"
+                 if notice(other) else "")
+              for i, other in enumerate(reports, start=1) if other is not report]
+    lines = [w for line in (["Also in this report:"] + others if others else []) +
+             ["Runs, code commit, device, compute time, labels and Kendall tau per table: page 2 (summary)."]
+             for w in textwrap.wrap(line, 150, subsequent_indent="    ")]
+    text_h = sum(_block_height(b[0], b[1]) for b in blocks) + _block_height(lines, 9)
+    top = 0.85
     fig = doc.new_page(f"Reproduction report: {paper}")
+    shows = ("ours − paper per cell (blue: ours higher, red: lower), its verdict under each value"
+             if report.table["diff"].notna().any() else
+             f"ours per cell (mean ± {report.metric.pm}); the paper prints no number to compare with")
+    fig.text(0.04, 0.885, f"{report.suite.raw.get('table', report.suite.name)} ({report.suite.key}), section "
+             f"{k + 1}: {shows}", fontsize=9.5, va="top")
+    y = _headline_figure(fig, report, top, top - BOTTOM - text_h)
+    for block, size, style in blocks:
+        y = _lines_at(fig, y, block, size, **style)
+    room = int((y - BOTTOM) / (9 * 1.3 / 72 / PAGE[1]))
+    if len(lines) > room:
+        lines = lines[:max(room - 1, 0)] + ["... (page 2 lists every table)"]
+    _lines_at(fig, y, lines)
+    doc.save(fig, "overview")
+
+
+def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], beside: int = 0) -> None:
+    """Page 2: the title lines, each table's notice (named), then the summary: verdict counts per
+    table, the labels, Kendall's tau per table and the switches in force (:mod:`.summary`), cut to
+    fit one page. The title lines count the paper's own runs only (the first ``beside`` reports are
+    tables shown beside them)."""
+    fig = doc.new_page(f"Summary: {paper}")
     lines = title_lines(paper, reports[beside:])
     fig.text(0.04, 0.885, "\n".join(lines), fontsize=9, va="top", linespacing=1.45)
     y = 0.885 - len(lines) * 9 * 1.45 / 72 / PAGE[1] - 0.02
-    if front_note:
-        wrapped = [w for part in front_note.split("\n") for w in textwrap.wrap(part, 150)]
-        fig.text(0.04, y, "\n".join(wrapped), fontsize=9, color="#0b3d91", weight="bold", va="top")
-        y -= len(wrapped) * 9 * 1.3 / 72 / PAGE[1] + 0.015
-    if warning:
-        wrapped = textwrap.wrap(warning, 150)
-        fig.text(0.04, y, "\n".join(wrapped), fontsize=9, color="#b00020", weight="bold", va="top")
-        y -= len(wrapped) * 9 * 1.3 / 72 / PAGE[1] + 0.015
-    fig.text(0.04, y, "Summary", fontsize=12, weight="bold", va="top")
+    notices = [f"{r.suite.key}: {notice(r)}".replace("`", "") for r in reports if notice(r)]
+    y = _lines_at(fig, y, [w for n in notices for w in textwrap.wrap(n, 150)], 9, color="#b00020", weight="bold")
+    fig.text(0.04, y, "Verdicts per table", fontsize=12, weight="bold", va="top")
     y -= 0.035
     rows = summary.count_rows(reports)
     height = (len(rows) + 1) * 0.028
@@ -246,18 +319,16 @@ def summary_page(doc: ReportPdf, paper: str, reports: list[SuiteReport], warning
 
 def write_pdf(path: Path, paper: str, reports: list[SuiteReport], figures: list[dict],
               beside: int = 0, front_note: str = "") -> list[str]:
-    """Render the paper's PDF; return the page titles. The first ``beside`` reports are tables
-    rendered beside the paper's own (a committed snapshot, ``pflbench run --beside-snapshot``):
-    their pages carry their own notice, not the one of the paper's own suites."""
-    own = reports[beside:]
-    prefix = (lambda r: f"{r.suite.key}: ") if beside else (lambda r: "")  # name whose notice it is
-    warnings = sorted({prefix(r) + notice(r).replace("`", "") for r in own if notice(r)})
-    warning = " ".join(warnings) if warnings else ""
+    """Render the paper's PDF; return the page titles. Page 1 is the overview (:func:`front_page`),
+    page 2 the summary; then each table's section, whose pages carry that table's own notice (if
+    any). The first ``beside`` reports are tables rendered beside the paper's own (a committed
+    snapshot, ``pflbench run --beside-snapshot``)."""
     with atomic_path(path) as tmp:
-        doc = ReportPdf(tmp, paper, warning)
-        summary_page(doc, paper, reports, warning, front_note, beside)
+        doc = ReportPdf(tmp, paper, "")
+        front_page(doc, paper, reports, front_note)
+        summary_page(doc, paper, reports, beside)
         for i, (report, figs) in enumerate(zip(reports, figures), start=1):
-            doc.warning = notice(report).replace("`", "") if i <= beside else warning
+            doc.warning = notice(report).replace("`", "")
             suite_section(doc, i, report, figs)
         doc.close()
     return doc.pages

@@ -73,3 +73,27 @@ def switch_lines(reports: list[SuiteReport], limit: int = 12) -> list[str]:
     if tuned:
         lines.append(f"  {tuned} cell(s) ran with values found by pflbench tune, not the paper's")
     return lines
+
+
+def verdict_line(report: SuiteReport) -> str:
+    """The table's verdicts against the paper in one line, e.g. "cgpfl/table1: 17 reproduced,
+    8 above, 11 below of 36 cells compared"; :func:`uncompared` says what the other cells are."""
+    counts = verdict_counts(report)
+    compared = sum(counts[v] for v in (REPRODUCED, ABOVE, BELOW))
+    if not compared:
+        return f"{report.suite.key}: no cell compared with the paper"
+    return (f"{report.suite.key}: {counts[REPRODUCED]} reproduced, {counts[ABOVE]} above, {counts[BELOW]} below "
+            f"of {compared} cell{'s' * (compared != 1)} compared")
+
+
+def uncompared(report: SuiteReport) -> str:
+    """The cells :func:`verdict_line` leaves out, e.g. "(45 in all: 9 not run)"; '' when none."""
+    counts = verdict_counts(report)
+    rest = [f"{counts[v]} {v}" for v in COUNTED if v not in (REPRODUCED, ABOVE, BELOW) and counts[v]]
+    return f"({len(report.table)} in all: {', '.join(rest)})" if rest else ""
+
+
+def headline(reports: list[SuiteReport]) -> int:
+    """Which table page 1 shows as a figure: the first with a cell that has both numbers (ours and the
+    paper's), so a committed snapshot shown beside (it comes first) wins; else the first table."""
+    return next((i for i, r in enumerate(reports) if r.table["diff"].notna().any()), 0)
