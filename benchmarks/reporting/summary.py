@@ -1,6 +1,8 @@
-"""The one-page summary at the front of a paper's PDF (issue 12, item 5): per table how many cells
-reproduced / above / below / not run, the plain-words labels (issue 17) counted over the paper,
-Kendall's tau per table, and the switches in force. Pure: reports in, rows and lines out."""
+"""What the front of a paper's PDF says. Page 1: which table it shows as a figure (:func:`headline`)
+and that table's verdicts in one line (:func:`verdict_line`, :func:`uncompared`). Page 2, the
+one-page summary (issue 12, item 5): per table how many cells reproduced / above / below / not run,
+the plain-words labels (issue 17) counted over the paper, Kendall's tau per table, and the switches
+in force. Pure: reports in, rows and lines out."""
 from __future__ import annotations
 
 import math
