@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.atomic_file import atomic_path
+from pfl_core.atomic_file import atomic_path, remove_stale
 from pfl_core.batching import BatchStream
 
 FORMAT = 1
@@ -84,7 +84,10 @@ class Checkpointing:
         self.paths = [Path(p) for p in self.paths]
 
     def available(self) -> list[dict] | None:
-        """The saved states of every run, if all exist at the same round; else None."""
+        """The saved states of every run, if all exist at the same round; else None. A run starting
+        removes the temporary files of a save killed midway (:func:`remove_stale`)."""
+        for path in self.paths:
+            remove_stale(path)
         if not all(p.is_file() for p in self.paths):
             return None
         try:

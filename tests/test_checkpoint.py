@@ -153,3 +153,16 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
         {k: v for k, v in reference.data.metrics.items() if k not in drop}
     assert sorted(after_history["round/train_loss"]) == sorted(reference_history["round/train_loss"])
     assert sorted(after_history["curve/acc"]) == sorted(reference_history["curve/acc"])
+
+
+def test_a_save_killed_midway_leaves_a_temporary_file_the_next_run_removes(tmp_path, dead_and_live_pids):
+    """``.run0.<pid>.tmp.pt``: a save killed before its rename. The next run of that checkpoint
+    removes it when its writer is gone; a live writer's file and other runs' files are kept."""
+    dead, live = dead_and_live_pids
+    saving = Checkpointing([tmp_path / "run0.pt"], every=2)
+    stale, writing, other = (tmp_path / f".run0.{dead}.tmp.pt", tmp_path / f".run0.{live}.tmp.pt",
+                             tmp_path / f".run1.{dead}.tmp.pt")
+    for path in (stale, writing, other):
+        path.write_bytes(b"half a checkpoint")
+    run_experiments([_config("fedavg", 0)], device="cpu", checkpointing=saving)
+    assert not stale.exists() and writing.exists() and other.exists()
