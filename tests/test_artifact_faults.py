@@ -45,6 +45,7 @@ def artifact(client, run, name):
     return artifact_folder(client.get_run(run.info.run_id)) / name
 
 
+@pytest.mark.slow
 def test_report_refuses_a_run_whose_artifact_is_cut_short(one_run, capsys):
     suite, uri, client, run = one_run
     report = ["report", str(suite), "--tracking-uri", uri, "--profile", "smoke"]
@@ -62,6 +63,7 @@ def test_report_refuses_a_run_whose_artifact_is_cut_short(one_run, capsys):
     assert cli.main(report) == 0
 
 
+@pytest.mark.slow
 def test_the_next_run_marks_it_failed_and_recomputes_it(one_run, capsys):
     suite, uri, client, run = one_run
     cut(artifact(client, run, "run_info.json"), keep=0.9)

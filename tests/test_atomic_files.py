@@ -63,6 +63,7 @@ def test_an_error_while_writing_keeps_the_old_file_and_no_temporary(tmp_path):
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["table.md"]
 
 
+@pytest.mark.slow
 def test_a_report_killed_mid_render_leaves_temporary_files_the_next_report_removes(isolated, tiny_suite,
                                                                                     dead_and_live_pids):
     """``.tiny.<pid>.tmp.pdf`` and ``tiny/.mini.<pid>.tmp.md``: a ``pflbench report`` killed before
