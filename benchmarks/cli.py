@@ -429,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.stores import StoreError, mask_uri
 
     sys.excepthook = _masked_excepthook  # tracebacks too keep store passwords out
+    from benchmarks.store_faults import quiet_disk_full_logs
+
+    quiet_disk_full_logs()  # a full disk: pflbench's one line, not MLflow's SQL and traceback before it
     args = build_parser().parse_args(argv)
     args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):

@@ -390,6 +390,8 @@ def run_experiments(
     info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), **device_info(dev), "wall_s": wall}
     if start:
         info["resumed_from_round"] = start
+    if checkpointing is not None and checkpointing.discarded:
+        info["checkpoint_discarded"] = checkpointing.discarded
     return [run_result(s, r, info) for s, r in zip(setups, results)]
 
 
