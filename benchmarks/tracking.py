@@ -32,7 +32,9 @@ from pfl_core.config import EvaluationConfig
 STATE_DIR, STATE_FILE = "pretrained", "state.pt"
 """A stage-1 run's artifact ``pretrained/state.pt``: its :data:`pfl_core.pretrained.PretrainedState`."""
 STAGE_TAG = "stage"
-
+DATA_PROVENANCE_TAG = "data_provenance"
+"""Set on a run whose dataset is not the official archive (run info ``data_provenance``, e.g. the
+CIFAR-10 reconstruction, :mod:`pfl_core.data.cifar_files`): one line saying which copy it used."""
 
 BN_EVALUATION_TAG = "bn_evaluation"
 """How the run's evaluation treats the BatchNorm of a model with running statistics (KLD-BN):
@@ -294,6 +296,8 @@ class Tracker:
                 tags[ui.NOTE_TAG] += f" | {TRAIN_MODE_NOTE}"
         if info.get("dataset_offline"):
             tags["offline_data"] = "true"
+        if info.get("data_provenance"):  # a copy that is not the official archive (issue 37)
+            tags[DATA_PROVENANCE_TAG] = str(info["data_provenance"])[:5000]
         if info.get("resumed_from_round"):
             tags["resumed_from_round"] = str(info["resumed_from_round"])
         if "error" in outcome:

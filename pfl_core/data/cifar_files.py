@@ -55,9 +55,8 @@ CIFAR10_RECONSTRUCTION = KnownCopy(
         "test_batch": "acc8af15a5071d62ddb80673f8da4ff2",
         "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
     },
-    note=("a reconstruction from public copies, not the official archive: 121 of 60,000 images "
-          "(96 train, 25 test) hold a copy of another image of the same class and split, the other "
-          "59,879 are pixel-exact in official order, both label arrays are official"),
+    note=("not the official archive: 121 of 60,000 images (96 train, 25 test) are copies of other "
+          "same-class images, the rest pixel-exact, labels official"),
 )
 """A reconstruction of CIFAR-10 in torchvision's ``cifar-10-batches-py`` layout (batches without the
 ``filenames`` key). Source of the md5s: the reconstruction's own manifest (``RECONSTRUCTION.json``,
@@ -123,7 +122,7 @@ def verify_cifar(name: str, title: str, cls: type, data_dir: Path, download: boo
         return ""
     for copy in KNOWN_COPIES.get(name, ()):
         if actual == copy.md5:
-            return f"{title} is {copy.name} (its md5 manifest matched): {copy.note}"
+            return f"{title} is {copy.name} (md5 manifest matched), {copy.note}"
     failing = [f for f in official if actual[f] != official[f]]
     if name in accepted():
         return (f"{title} failed torchvision's md5 check ({', '.join(failing)}) and was accepted by "
