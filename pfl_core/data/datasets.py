@@ -14,6 +14,7 @@ accepted by ``PFL_ACCEPT_MD5_MISMATCH`` loads with its ``provenance`` set.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -47,6 +48,20 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 def _download_default() -> bool:
     """Env ``PFL_DOWNLOAD``: "0" (or false/no/off) disables downloads; default "1" allows them."""
     return os.environ.get("PFL_DOWNLOAD", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+@contextlib.contextmanager
+def no_downloads():
+    """``PFL_DOWNLOAD=0`` inside the block (a dry run's data step never downloads), restored after."""
+    before = os.environ.get("PFL_DOWNLOAD")
+    os.environ["PFL_DOWNLOAD"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PFL_DOWNLOAD", None)
+        else:
+            os.environ["PFL_DOWNLOAD"] = before
 
 
 def load_dataset(
