@@ -16,6 +16,7 @@ lists after the plan; every other check still fails as before.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 
@@ -112,8 +113,6 @@ def preflight(suite: Suite, specs: list[RunSpec], data_dir: str | None = None, d
     """Every check above for every run of ``specs``; the first failure raises :class:`SuiteError`.
     ``dry_run``: no download, and a dataset that is missing, partial or failing its checksum is
     returned as a :class:`DataGap` (its runs' data checks skipped) instead of failing; [] otherwise."""
-    import contextlib
-
     from pfl_core.data.datasets import no_downloads
 
     seen: dict[str, DataGap | None] = {}

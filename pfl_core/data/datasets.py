@@ -26,7 +26,7 @@ from pfl_core.data.augment.crop_flip import FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD
 from pfl_core.fields import NonNegativeInt
 from pfl_core.data import offline
 from pfl_core.data.cifar_files import read_cifar, verify_cifar
-from pfl_core.data.errors import DatasetNotFoundError, not_found
+from pfl_core.data.errors import DatasetNotFoundError, not_found  # noqa: F401 (imported from here by the loaders)
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
 from pfl_core.data.integrity import check_labels
