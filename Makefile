@@ -19,7 +19,7 @@ SUITES   := $(sort $(wildcard suites/*/*.yaml))
 RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report --out $(OUT)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast docs mlflow-ui list clean-results browser gpu-check
+.PHONY: help setup demo test test-fast docs mlflow-ui list clean-results browser gpu-check gpu-lend device-rehearsal
 
 help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -83,8 +83,17 @@ test: $(STAMP) ## Run the whole test suite on every core (TEST_WORKERS=auto); pr
 test-fast: $(STAMP) ## The inner loop: the tests not marked slow, on every core
 	$(PYTEST) -m "not slow"
 
-gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into reports/gpu/<device>.md; dry mode without CUDA
-	$(PFLBENCH) gpu-check --out $(OUT)/gpu
+gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into reports/gpu/<device>.md; dry mode without CUDA (into results/gpu/)
+	$(PFLBENCH) gpu-check
+
+# A GPU lend (docs/gpu-and-cluster.md): the one prepared command, run on the lent machine from the checkout
+# (no install there: PYTHONPATH=.); LEND_ARGS adds to it (e.g. --data-dir, --budget-s, --git-commit).
+LEND_ARGS ?=
+gpu-lend: ## On a lent GPU: gpu-check's core, then CAFeMe Table 1's RMNIST cells until the deadline; records into $$OUT
+	PYTHONPATH=. $(PYTHON) -m benchmarks.gpu_lend --suite cafeme/table1 --profile paper --only dataset=rmnist $(LEND_ARGS)
+
+device-rehearsal: $(STAMP) ## The gpu-lend command on the CPU in a venv with the lent image's versions (torch 2.11.0, no MLflow); tiny budget
+	.ci/device-rehearsal $(BIN)/python
 
 docs: $(STAMP) ## Build the documentation site into site/ (mkdocs build --strict: warnings are errors)
 	$(BIN)/mkdocs build --strict --site-dir site

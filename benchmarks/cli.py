@@ -187,6 +187,18 @@ def cmd_tune(args) -> int:
     return 1 if failed else 0
 
 
+def cmd_import(args) -> int:
+    """``pflbench import RECORDS...``: run records (:mod:`benchmarks.records`, written where MLflow is
+    absent: a lent GPU, another lab's machine) into the store, as if they had run here."""
+    from benchmarks.records import import_records
+
+    tracker = _tracker(args)
+    counts = import_records(tracker, args.records)
+    print(f"{counts['imported']} run(s) imported, {counts['skipped']} already FINISHED here, "
+          f"{counts['refused']} refused; store {tracker.public_uri}")
+    return 1 if counts["refused"] else 0
+
+
 def cmd_list(args) -> int:
     from pfl_core.algorithms import METHODS
     from pfl_core.data import DATASETS, PARTITIONERS
@@ -354,6 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
                       help="provenance to record (machine, command, data, wall-clock, ...); repeatable")
     snap.set_defaults(func=cmd_snapshot)
+
+    imp = sub.add_parser("import", help="load run records (a folder or files; written by python -m "
+                                        "benchmarks.gpu_lend) into the store as if they had run here")
+    imp.add_argument("records", nargs="+", help="record files or folders holding them (<suite>/<hash>.json)")
+    imp.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default as for run)")
+    imp.set_defaults(func=cmd_import)
 
     tune = sub.add_parser("tune", help="Optuna studies of a suite's methods on validation data; the best "
                                        "parameters go to <suite>.tuned.yml")

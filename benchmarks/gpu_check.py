@@ -50,7 +50,8 @@ def _run(name: str, argv: list[str], timeout: int) -> Step:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         output, ok = proc.stdout + proc.stderr, proc.returncode in (0, 5)  # 5: pytest collected nothing
     except subprocess.TimeoutExpired as err:
-        output, ok = f"timed out after {timeout} s\n{err.stdout or ''}", False
+        partial = err.stdout.decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        output, ok = f"timed out after {timeout} s\n{partial}", False
     return Step(name, "passed" if ok else "failed", time.perf_counter() - started,
                 "\n".join(output.strip().splitlines()[-40:]), " ".join(argv[2:] if argv[1] == "-m" else argv[1:]))
 
@@ -86,6 +87,16 @@ def device_slug(cuda: bool) -> str:
     import torch
 
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+def default_out(dry_run: bool) -> Path:
+    """``reports/gpu`` where the check runs on CUDA (its report is committed); in dry mode the
+    results folder's ``gpu/`` (:func:`benchmarks.stores.results_dir`, ignored by git)."""
+    import torch
+
+    from benchmarks.stores import results_dir
+
+    return results_dir() / "gpu" if dry_run or not torch.cuda.is_available() else Path("reports/gpu")
 
 
 def run_check(out: Path = Path("reports/gpu"), dry_run: bool = False, tests: str = "tests",
@@ -138,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--out", default="reports/gpu", help="report folder (default reports/gpu)")
+    parser.add_argument("--out", default=None,
+                        help="report folder (default: reports/gpu on a GPU; in dry mode <results dir>/gpu, outside "
+                             "the tracked tree, since a dry run's report is not a measurement to commit)")
     parser.add_argument("--dry-run", action="store_true", help="dry mode even with a GPU (CPU steps only)")
     parser.add_argument("--tests", default="tests", help="where the gpu-marked tests are collected (default tests)")
     parser.add_argument("--data-dir", default=None,
@@ -146,7 +159,8 @@ def add_arguments(parser) -> None:
 
 
 def cmd_gpu_check(args) -> int:
-    path, steps = run_check(Path(args.out), args.dry_run, args.tests, data_dir=args.data_dir)
+    out = Path(args.out) if args.out else default_out(args.dry_run)
+    path, steps = run_check(out, args.dry_run, args.tests, data_dir=args.data_dir)
     needs = [s.name for s in steps if s.status == "needs a GPU"]
     print(f"gpu-check: report {path}" + (f"; needs a GPU: {', '.join(needs)}" if needs else ""))
     return 1 if any(s.status == "failed" for s in steps) else 0

@@ -162,8 +162,7 @@ def execution_info(executor: Executor, algorithm, lockstep: int = 1) -> dict:
     if getattr(executor, "choice", None):
         info["execution_choice"] = executor.choice
     if info["execution"] == "batched" and getattr(executor, "captured", None) is not None:
-        steps = executor.captured
-        info["step_capture"] = f"cuda_graphs: {steps.recorded} graph(s) recorded, {steps.replayed} replay(s)"
+        info["step_capture"] = executor.captured.summary()
     if info["execution"] == "batched" and getattr(executor, "stack_reason", None):
         info["stack_limit"] = f"{executor.stack_limit or 'none'}: {executor.stack_reason}"
     if executor.execution == "batched" and algorithm.batched_fallback:

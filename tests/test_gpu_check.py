@@ -11,7 +11,7 @@ from conftest import make_dry_run
 
 
 def test_make_gpu_check_calls_the_subcommand():
-    assert "pflbench gpu-check --out reports/gpu" in make_dry_run("gpu-check")
+    assert "pflbench gpu-check" in make_dry_run("gpu-check")
 
 
 def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
@@ -91,3 +91,15 @@ def test_the_packing_sweep_runs_each_jobs_value_into_a_fresh_store(capsys):
     assert packing.main(argv[argv.index("benchmarks.timing.packing") + 1:]) == 0
     out = capsys.readouterr().out
     assert "| 1 | 2 | 0 |" in out and "| 2 | 2 | 0 |" in out and "most runs per hour: --jobs" in out
+
+
+def test_the_dry_mode_writes_its_report_outside_the_tracked_tree(tmp_path, monkeypatch):
+    """A dry run's report is not a measurement: by default it goes to the results folder (ignored by
+    git), never into reports/gpu/ of the checkout; on CUDA the default is reports/gpu."""
+    monkeypatch.setenv("PFLBENCH_RESULTS_DIR", str(tmp_path / "results"))
+    assert gpu_check.default_out(dry_run=True) == tmp_path / "results" / "gpu"
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert str(gpu_check.default_out(dry_run=False)) == "reports/gpu"
+    assert gpu_check.default_out(dry_run=True) == tmp_path / "results" / "gpu"

@@ -23,8 +23,11 @@ F32_TOL = dict(rtol=1e-4, atol=1e-5)
 #: the float32 comparison leaves out the cases whose float32 rounding is amplified in any two paths
 #: (CAFeMe's and MetaVers' Adam on the zero gradient of a bias before BatchNorm, as the note of
 #: ``tests/test_engine_equivalence.py`` says; pFedGP's GP solve): on the CPU their batched and
-#: sequential float32 runs already differ by more than F32_TOL; the float64 comparison covers them
-F32_CASES = sorted(set(SYNC_BUDGET) - {"cafeme-fo", "metavers", "pfedgp"})
+#: sequential float32 runs already differ by more than F32_TOL; the float64 comparison covers them.
+#: ``fedavg-bn`` too: its round-2 loss moves by 2.5e-3 between float32 and float64 on the same CPU
+#: (1.08589 vs 1.08839), so float32 rounding is amplified there; the first GPU run (H200, torch
+#: 2.11) gave 1.08884 on CUDA vs 1.08596 on the CPU in float32 and passed the float64 comparison
+F32_CASES = sorted(set(SYNC_BUDGET) - {"cafeme-fo", "metavers", "pfedgp", "fedavg-bn"})
 
 
 def _compare(cuda_run, cpu_run, tol):

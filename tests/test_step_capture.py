@@ -95,3 +95,24 @@ def test_capture_is_asked_for_by_name_and_refused_off_cuda():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         make_executor("batched", torch.device("cpu"), capture="cuda_graphs")
     assert make_executor("batched", torch.device("cpu")).captured is None
+
+
+class RefusingGraphs(HostGraphs):
+    """A backend that refuses to record, as CUDA refuses an operation while capturing."""
+
+    def record(self, fn, leaves):
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore text")
+
+
+def test_a_step_that_cannot_be_recorded_falls_back_to_the_eager_step_and_says_so():
+    name = "fedavg-steps"
+    backend = RefusingGraphs()
+    executor = captured_executor(backend)
+    captured = run_path(CASES[name], "batched", rounds=3, executor=executor)
+    assert_same_run(run_path(CASES[name], "batched", rounds=3), captured)  # the warm-up result is used
+    assert executor.captured.recorded == 0 and executor.captured.replayed == 0 and not executor.captured.graphs
+    program = METHODS.get(CASES[name][0]).__name__
+    info = execution_info(executor, METHODS.get(CASES[name][0]))
+    assert info["step_capture"] == ("cuda_graphs: 0 graph(s) recorded, 0 replay(s); "
+                                    f"{program} fell back to the eager batched step "
+                                    "(CUDA error: operation not permitted when stream is capturing)")

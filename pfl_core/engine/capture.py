@@ -18,6 +18,11 @@ returned, so nothing is computed twice) and then records the graph on static cop
 Each later call copies its inputs into those buffers, replays, and returns copies of the graph's
 outputs (the next replay overwrites them). At most ``max_graphs`` graphs are kept (least recently
 used dropped first; a harness choice, each graph holds its own memory pool).
+
+A program whose step cannot be recorded (an operation CUDA refuses while capturing, such as the host
+check of ``torch.linalg.cholesky`` in pFedGP's GP solve, seen on an H200) falls back to the eager
+batched step for the rest of the run: its warm-up result is used (nothing computed twice or lost),
+the refusal is kept in :attr:`CapturedSteps.refused` and the run's ``step_capture`` tag says so.
 """
 from __future__ import annotations
 
@@ -65,10 +70,21 @@ class CapturedSteps:
         """How many graphs were recorded (a key seen again after eviction is recorded again)."""
         self.replayed = 0
         """How many calls replayed a recorded graph (the calls capture paid for)."""
+        self.refused: dict[str, str] = {}
+        """Program class name -> why its step could not be recorded (it runs eagerly from then on)."""
+
+    def summary(self) -> str:
+        """The run's ``step_capture`` tag: graphs recorded, replays, and each eager fallback."""
+        text = f"cuda_graphs: {self.recorded} graph(s) recorded, {self.replayed} replay(s)"
+        for name, why in self.refused.items():
+            text += f"; {name} fell back to the eager batched step ({why})"
+        return text
 
     def __call__(self, owner: Any, step: Callable, *args, variant: tuple = ()) -> Any:
         """``step(*args)``, through the graph of ``owner`` (the program) for these arguments' shapes;
         ``variant``: whatever else fixes the step's kernels (the stacking dims of a vmapped step)."""
+        if type(owner).__name__ in self.refused:
+            return step(*args)
         leaves, spec = tree_flatten(args)
         key = (id(owner), variant, spec, tuple(_leaf_key(leaf) for leaf in leaves))
         entry = self.graphs.get(key)
@@ -78,9 +94,9 @@ class CapturedSteps:
             static = [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             try:
                 replay, static_out = self.backend.record(flat_step, static)
-            except RuntimeError as err:
-                raise RuntimeError(f"step capture failed for {type(owner).__name__} ({err}); its local_update "
-                                   "must not sync with the host; run without --capture-step") from err
+            except RuntimeError as err:  # torch.AcceleratorError is one
+                self.refused[type(owner).__name__] = str(err).strip().splitlines()[0][:200]
+                return out
             self.graphs[key] = (owner, static, replay, *tree_flatten(static_out))
             self.recorded += 1
             if len(self.graphs) > self.max_graphs:
