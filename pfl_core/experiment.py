@@ -310,6 +310,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "test_in_other_train_fraction": test_in_other_train_fraction(fed),
         **setup.algorithm.run_info(fed_result.server),
     }
+    if setup.dataset.provenance:  # not the official files (the CIFAR-10 reconstruction, an accepted copy)
+        info["data_provenance"] = setup.dataset.provenance
     if setup.pretrained_info:
         info["pretrained"] = setup.pretrained_info
     if has_bn_state(setup.model):  # train: accuracies with each test batch's own BN statistics

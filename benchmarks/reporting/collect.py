@@ -17,13 +17,13 @@ from benchmarks.artifact_faults import refuse_damaged
 from benchmarks.reporting.metric import MetricSpec
 from benchmarks.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
 from benchmarks.suite import RunSpec, Suite
-from benchmarks.tracking import Tracker
+from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
 
 #: the run metric of a method's pretraining stage (:meth:`pfl_core.algorithms.base.Algorithm.pretraining_rounds`):
 #: best-validation selection skips the evaluations up to that round
 PRETRAINING_ROUNDS = "pretraining_rounds"
 
-COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "config_hash",
+COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "data_provenance", "config_hash",
            "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients",
            "reused_from", "reused_from_experiment"]
 
@@ -78,6 +78,7 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
             "also": {a: run_value(metric, run.data.metrics, hists, a) if finished else math.nan for a in metric.also},
             "failure_reason": tags.get("failure_reason", ""),
             "offline_data": tags.get("offline_data") == "true",
+            "data_provenance": tags.get(DATA_PROVENANCE_TAG, ""),
             "config_hash": spec.config_hash, "end_time": run.info.end_time or 0,
             "wall_s": run.data.metrics.get("wall_s", math.nan),
             "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
