@@ -70,9 +70,10 @@ def cmd_run(args) -> int:
         return 2
     from benchmarks.preflight import preflight
 
-    preflight(suite, specs, args.data_dir, data=not args.no_data_check)  # every cell, before any run
+    gaps = preflight(suite, specs, args.data_dir, data=not args.no_data_check,  # every cell, before any run
+                     dry_run=args.dry_run)
     if args.dry_run:
-        return dry_run(args, suite, specs, _tracker(args))
+        return dry_run(args, suite, specs, _tracker(args), gaps)
     executor = _executor(args)
     executor.start()  # the workers import the run code while the store opens
     try:
@@ -81,10 +82,12 @@ def cmd_run(args) -> int:
         executor.close()
 
 
-def dry_run(args, suite, specs, tracker) -> int:
+def dry_run(args, suite, specs, tracker, gaps=()) -> int:
     """``--dry-run``: each run's hash and whether the store holds it FINISHED, or (without
-    ``--no-reuse``) which other suite's run a sweep would copy for it; nothing runs (a suite file
-    the experiment does not admit is refused as the sweep would refuse it)."""
+    ``--no-reuse``) which other suite's run a sweep would copy for it; then, per dataset, what is
+    missing, partial or failing its checksum and where it is expected (``gaps``, from the pre-flight,
+    which downloads nothing in a dry run). Nothing runs (a suite file the experiment does not admit
+    is refused as the sweep would refuse it); missing data does not fail it."""
     from benchmarks.experiment_owner import check_owner
     from benchmarks.reuse import find_sources, other_experiments
     from benchmarks.runner import pending_runs
@@ -103,6 +106,12 @@ def dry_run(args, suite, specs, tracker) -> int:
     reused = f", {len(sources)} of them copied from other suites" if sources else ""
     print(f"{len(specs)} runs ({len(specs) - len(todo)} already FINISHED, {len(todo)} to run{reused}); "
           f"profile={args.profile}, store={tracker.public_uri}")
+    if gaps:
+        from pfl_core.data import resolve_data_dir
+
+        print(f"data not ready under {resolve_data_dir(args.data_dir)} (a dry run downloads nothing):")
+        for gap in gaps:
+            print(gap.line())
     return 0
 
 
@@ -429,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.stores import StoreError, mask_uri
 
     sys.excepthook = _masked_excepthook  # tracebacks too keep store passwords out
+    from benchmarks.store_faults import quiet_disk_full_logs
+
+    quiet_disk_full_logs()  # a full disk: pflbench's one line, not MLflow's SQL and traceback before it
     args = build_parser().parse_args(argv)
     args.command_line = shlex.join(["pflbench", *(sys.argv[1:] if argv is None else argv)])
     if getattr(args, "data_dir", None):

@@ -8,18 +8,64 @@ present and sound (:mod:`pfl_core.data.integrity`), the partition can be drawn f
 sizes, and the evaluation protocol finds its clients in the resulting split (e.g. ``unseen`` with
 ``unseen_fraction: 0`` has none). The data step builds each federation exactly as the run will
 (:func:`pfl_core.experiment.run_data`); ``--no-data-check`` (a harness switch) skips it.
+
+On ``--dry-run`` (issue 37, item 2) nothing is downloaded (``PFL_DOWNLOAD=0`` for the data step)
+and a dataset that is not there, only partly there or failing its checksum does not stop the
+command: :func:`preflight` returns one :class:`DataGap` per dataset and problem, which the dry run
+lists after the plan; every other check still fails as before.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+from dataclasses import dataclass
 
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.suite_schema import SuiteError
 
-_DATA_FIX = {
-    "DatasetNotFoundError": ("data.dataset", ""),
-    "DatasetFileError": ("data.dataset", "; use sound files or another --data-dir"),
-}
+
+def _data_fix(err: Exception) -> tuple[str, str]:
+    """(key, fix) of a data step's error: a dataset's files (not found, partial, checksum, damaged),
+    else the partition."""
+    from pfl_core.data import DatasetFileError, DatasetNotFoundError
+
+    if isinstance(err, DatasetNotFoundError):
+        return "data.dataset", ""
+    if isinstance(err, DatasetFileError):
+        return "data.dataset", "" if _is_gap(err) else "; use sound files or another --data-dir"
+    return "data.partition", "; use a feasible partition, e.g. fewer clients or a smaller min_size"
+
+
+def _is_gap(err: Exception) -> bool:
+    """Whether ``err`` says the data is not (all, or not verifiably) there: what a dry run lists
+    instead of failing (not found, partial, checksum failed)."""
+    from pfl_core.data import DatasetNotFoundError
+    from pfl_core.data.errors import DatasetChecksumError
+
+    return isinstance(err, (DatasetNotFoundError, DatasetChecksumError))
+
+
+@dataclass
+class DataGap:
+    """A dataset a dry run found missing, partial or failing its checksum, and the runs that need it."""
+
+    dataset: str
+    kind: str
+    """``missing``, ``partial`` or ``checksum failed``."""
+    message: str
+    """The loader's one line: the path expected and the fix."""
+    runs: int = 0
+
+    def line(self) -> str:
+        return f"  {self.dataset}: {self.kind} ({self.runs} run{'s' * (self.runs != 1)}): {self.message}"
+
+
+def _gap_kind(err: Exception) -> str:
+    from pfl_core.data.errors import DatasetChecksumError, DatasetPartialError
+
+    if isinstance(err, DatasetPartialError):
+        return "partial"
+    return "checksum failed" if isinstance(err, DatasetChecksumError) else "missing"
 
 
 def _fail(suite: Suite, spec: RunSpec, key: str, problem: str) -> SuiteError:
@@ -49,9 +95,8 @@ def check_data(suite: Suite, spec: RunSpec, data_dir: str | None) -> None:
     try:
         _, fed = run_data(cfg, RunStreams(cfg.seed), data_dir)
     except (FileNotFoundError, ValueError) as err:
-        partition_fix = "; use a feasible partition, e.g. fewer clients or a smaller min_size"
-        key, fix = _DATA_FIX.get(type(err).__name__, ("data.partition", partition_fix))
-        raise _fail(suite, spec, key, f"{err}{fix}") from None
+        key, fix = _data_fix(err)
+        raise _fail(suite, spec, key, f"{err}{fix}") from err
     protocol = PROTOCOLS.get(cfg.evaluation.protocol)(EvalConfig.from_dict(cfg.evaluation.params),
                                                       target=cfg.evaluation.target)
     try:
@@ -63,17 +108,36 @@ def check_data(suite: Suite, spec: RunSpec, data_dir: str | None) -> None:
                                                         f"to evaluate; use another protocol or data split")
 
 
-def preflight(suite: Suite, specs: list[RunSpec], data_dir: str | None = None, data: bool = True) -> None:
-    """Every check above for every run of ``specs``; the first failure raises :class:`SuiteError`."""
-    seen = set()
-    for spec in specs:
-        check_local_training(suite, spec)
-        key = json.dumps([spec.config["data"], spec.config["evaluation"], spec.seed,
-                          spec.config["federation"]["batch_size"]], sort_keys=True, default=str)
-        if data and spec.stage != "pretrain" and key not in seen:
-            seen.add(key)
-            check_data(suite, spec, data_dir)
+def preflight(suite: Suite, specs: list[RunSpec], data_dir: str | None = None, data: bool = True,
+              dry_run: bool = False) -> list[DataGap]:
+    """Every check above for every run of ``specs``; the first failure raises :class:`SuiteError`.
+    ``dry_run``: no download, and a dataset that is missing, partial or failing its checksum is
+    returned as a :class:`DataGap` (its runs' data checks skipped) instead of failing; [] otherwise."""
+    from pfl_core.data.datasets import no_downloads
+
+    seen: dict[str, DataGap | None] = {}
+    gaps: dict[tuple[str, str], DataGap] = {}
+    with no_downloads() if dry_run else contextlib.nullcontext():
+        for spec in specs:
+            check_local_training(suite, spec)
+            if not data or spec.stage == "pretrain":
+                continue
+            key = json.dumps([spec.config["data"], spec.config["evaluation"], spec.seed,
+                              spec.config["federation"]["batch_size"]], sort_keys=True, default=str)
+            if key not in seen:
+                seen[key] = None
+                try:
+                    check_data(suite, spec, data_dir)
+                except SuiteError as failed:
+                    if not (dry_run and _is_gap(failed.__cause__)):
+                        raise
+                    err = failed.__cause__
+                    found = DataGap(spec.config["data"]["dataset"], _gap_kind(err), " ".join(str(err).split()))
+                    seen[key] = gaps.setdefault((found.dataset, found.message), found)
+            if seen[key] is not None:
+                seen[key].runs += 1
     if data:
         from pfl_core.experiment import _cached_dataset, _cached_sources
 
         _cached_dataset.cache_clear(), _cached_sources.cache_clear()  # the workers load their own
+    return list(gaps.values())

@@ -29,6 +29,7 @@ from typing import Callable
 from mlflow.entities import Metric, RunTag
 
 from benchmarks import mlflow_ui as ui
+from benchmarks.artifact_faults import damaged_artifacts
 from benchmarks.claims import ClaimBook
 from benchmarks.suite import RunSpec
 from benchmarks.tracking import METRIC_BATCH, Tracker
@@ -63,7 +64,8 @@ def find_sources(tracker: Tracker, specs: list[RunSpec], suite_key: str) -> dict
         runs = tracker.client.search_runs(
             list(experiments), f"tags.config_hash = '{spec.config_hash}' and attributes.status = 'FINISHED'",
             order_by=["attributes.end_time DESC"], max_results=100)
-        usable = [r for r in runs if not r.data.tags.get("stage") and r.data.tags.get(ui.RUN_KIND_TAG) != ui.SWEEP]
+        usable = [r for r in runs if not r.data.tags.get("stage") and r.data.tags.get(ui.RUN_KIND_TAG) != ui.SWEEP
+                  and not damaged_artifacts(r)]  # a source with an artifact cut short is not copied
         usable.sort(key=lambda r: SOURCE_RUN in r.data.tags)  # stable: originals first, newest first within
         if usable:
             sources[spec.config_hash] = usable[0]

@@ -16,7 +16,9 @@ from pfl_core.bn_support import evaluation_bn_mode
 from pfl_core.config import EvaluationConfig
 
 STAGE_TAG = "stage"
-
+DATA_PROVENANCE_TAG = "data_provenance"
+"""Set on a run whose dataset is not the official archive (run info ``data_provenance``, e.g. the
+CIFAR-10 reconstruction, :mod:`pfl_core.data.cifar_files`): one line saying which copy it used."""
 
 BN_EVALUATION_TAG = "bn_evaluation"
 """How the run's evaluation treats the BatchNorm of a model with running statistics (KLD-BN):
@@ -129,6 +131,8 @@ def run_tags(spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, boo
             tags[ui.NOTE_TAG] += f" | {TRAIN_MODE_NOTE}"
     if info.get("dataset_offline"):
         tags["offline_data"] = "true"
+    if info.get("data_provenance"):  # a copy that is not the official archive (issue 37)
+        tags[DATA_PROVENANCE_TAG] = str(info["data_provenance"])[:5000]
     if info.get("resumed_from_round"):
         tags["resumed_from_round"] = str(info["resumed_from_round"])
     if "error" in outcome:

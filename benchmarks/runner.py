@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from benchmarks.artifact_faults import damaged_artifacts, mark_damaged
 from benchmarks.suite import RunSpec, Suite
 from benchmarks.claims import LEASE_S, ClaimBook
 from benchmarks.experiment_owner import check_owner
@@ -72,8 +73,23 @@ def group_specs(specs: list[RunSpec], lockstep: bool) -> list[list[RunSpec]]:
 
 
 # -- the sweep ----------------------------------------------------------------------------------------
-def pending_runs(specs: list[RunSpec], tracker: Tracker) -> tuple[list[RunSpec], set[str]]:
-    done = tracker.finished_hashes(specs[0].suite) if specs else set()
+def pending_runs(specs: list[RunSpec], tracker: Tracker, echo=None) -> tuple[list[RunSpec], set[str]]:
+    """(specs still to compute, config hashes FINISHED). A FINISHED run with an artifact cut short
+    on disk (:mod:`benchmarks.artifact_faults`) is pending; with ``echo`` (a sweep) it is marked
+    FAILED first, in one line naming the run and the file."""
+    if not specs:
+        return [], set()
+    wanted = {s.config_hash for s in specs}
+    done = set()
+    for run in tracker.runs(specs[0].suite, "FINISHED"):
+        key = run.data.tags.get("config_hash")
+        if key not in wanted or key in done:
+            continue
+        damaged = damaged_artifacts(run)
+        if not damaged:
+            done.add(key)
+        elif echo is not None:
+            echo(f"{specs[0].suite}: {mark_damaged(tracker.client, run, damaged)}")
     return [s for s in specs if s.config_hash not in done], done
 
 
@@ -174,7 +190,7 @@ class Sweep:
         reaped = self.claims.reap_stale()
         if reaped:
             echo(f"{suite.key}: {len(reaped)} run(s) left RUNNING by a runner that died marked KILLED; recomputing them")
-        self.todo, _ = pending_runs(distinct, tracker)
+        self.todo, _ = pending_runs(distinct, tracker, echo)
         skipped = len(specs) - len(self.todo)
         if skipped:
             echo(f"{suite.key}: {skipped} of {len(specs)} runs already FINISHED or duplicated, skipping them")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import sqlite3
 import stat
@@ -65,3 +66,24 @@ def disk_full_message(err: BaseException) -> str:
     return (f"no space left on device writing {where}; the runs in progress were marked FAILED "
             f"(or are marked at the next start); free space, or use another --tracking-uri or --out, "
             f"then run the same command again")
+
+
+class _QuietDiskFull(logging.Filter):
+    """Drops a log record about a full disk: the caller answers it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        return not (disk_full(err) if err is not None else "database or disk is full" in record.getMessage())
+
+
+QUIET_LOGGERS = ("mlflow.store.db.utils",)
+"""MLflow logs a SQLAlchemy error with its SQL and traceback before raising it (``... (Background
+on this error at: https://sqlalche.me/...)``); a full disk is answered by ``pflbench``'s one line."""
+
+
+def quiet_disk_full_logs() -> None:
+    """Keep a full disk out of MLflow's error log (idempotent)."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietDiskFull) for f in logger.filters):
+            logger.addFilter(_QuietDiskFull())

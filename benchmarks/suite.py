@@ -14,7 +14,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
-  ``{label: ..., set: {dotted.key: value, ...}}``.
+  ``{label: ..., set: {dotted.key: value, ...}}``, or one that starts from another value of the axis
+  and states what differs, ``{label: ..., like: <label>, set: {...}}`` (written out when the file is
+  read: :mod:`benchmarks.suite_file`).
 * ``methods``: per-method dotted overrides, applied to every cell whose ``method.name`` matches.
 * ``overrides``: a list of ``{when: {axis: label or [labels]}, set: {...}}``, applied in order to
   the cells that match every condition (e.g. CAFeMe's model and fine-tuning rate per dataset).

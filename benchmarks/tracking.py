@@ -22,8 +22,9 @@ from mlflow.tracking import MlflowClient
 
 from benchmarks import mlflow_ui as ui
 from benchmarks.stores import check_reachable, mask_uri, results_dir, use_credentials
-from benchmarks.run_tags import (BN_EVALUATION_TAG, STAGE_TAG, TRAIN_MODE_LABEL, TRAIN_MODE_NOTE,  # noqa: F401
-                                  bn_evaluation, command_line, flatten, git_state, run_tags, stage_tags)
+from benchmarks.run_tags import (BN_EVALUATION_TAG, DATA_PROVENANCE_TAG, STAGE_TAG, TRAIN_MODE_LABEL,  # noqa: F401
+                                  TRAIN_MODE_NOTE, bn_evaluation, command_line, flatten, git_state, run_tags,
+                                  stage_tags)
 from benchmarks.suite import RunSpec, Suite
 
 STATE_DIR, STATE_FILE = "pretrained", "state.pt"

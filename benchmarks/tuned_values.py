@@ -3,6 +3,7 @@ and the reading of a file, cached per path and modification time."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from benchmarks.yaml_file import YamlFileError, read_yaml
 from pfl_core.algorithms import METHODS
 
+from benchmarks.stores import results_dir
 from benchmarks.suite_schema import SuiteError, check_keys
 from pfl_core.atomic_file import write_text
 
@@ -76,13 +78,23 @@ TUNED_HEADER = ("# Written by `pflbench tune` (benchmarks/tuning.py): the best p
 
 
 # -- the tuned-parameters file --------------------------------------------------------------------
+def lock_path(path: Path) -> Path:
+    """The lock of tuned file ``path``: ``<results dir>/locks/<name>.<digest of its full path>.lock``,
+    beside the stores, never in the suite's folder (a command writes nothing into the checkout)."""
+    digest = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    return results_dir() / "locks" / f"{Path(path).name}.{digest}.lock"
+
+
 def write_tuned(path: Path, suite_key: str, cid: str, method: str, profile: str, params: dict,
                 provenance: dict) -> Path:
     """Set ``cells[cid][method][profile] = {params, provenance}`` in the tuned file (locked
-    read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries)."""
+    read-modify-write, so concurrent ``pflbench tune`` calls of other methods keep their entries;
+    the lock is :func:`lock_path`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:  # the file itself is replaced
+    lock_file = lock_path(path)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as lock:  # the file itself is replaced
         fcntl.flock(lock, fcntl.LOCK_EX)
         data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
         data["suite"] = suite_key

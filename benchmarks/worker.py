@@ -156,6 +156,8 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
                disable=not progress)
 
     def on_round(round_idx: int, metrics: dict) -> None:
+        if bar.n < round_idx:  # resumed from a checkpoint: the bar starts at that round, its rate after it
+            bar.initial = bar.n = bar.last_print_n = round_idx
         bar.update(1)
         bar.set_postfix(loss=f"{metrics['train_loss']:.3f}")
         _kill_hook(specs[0], after_round=round_idx + 1)

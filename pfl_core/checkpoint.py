@@ -9,11 +9,13 @@ evaluation, so they need nothing. A run resumed from a checkpoint therefore give
 numbers to an uninterrupted one on the same machine (tests/test_checkpoint.py).
 
 Files are written atomically (:func:`pfl_core.atomic_file.atomic_path`): a kill during a save leaves
-the previous checkpoint intact. Runs in lockstep are saved together at the same round; they resume
+the previous checkpoint intact. A checkpoint cut short anyway (a full disk, a bad copy) is named in
+one logged warning and in the run's ``info`` (``checkpoint_discarded``), and the run starts again. Runs in lockstep are saved together at the same round; they resume
 only if every one of them has a checkpoint of the same round (else all start again).
 """
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.atomic_file import atomic_path
+from pfl_core.atomic_file import atomic_path, remove_stale
 from pfl_core.batching import BatchStream
 
 FORMAT = 1
+_log = logging.getLogger(__name__)
 
 
 def _stream_state(stream: BatchStream) -> dict:
@@ -77,6 +80,8 @@ class Checkpointing:
 
     paths: list[Path]
     every: int
+    discarded: str | None = None
+    """Why a checkpoint found was not resumed from (cut short, unreadable), set by :meth:`available`."""
 
     def __post_init__(self):
         if self.every < 1:
@@ -84,13 +89,22 @@ class Checkpointing:
         self.paths = [Path(p) for p in self.paths]
 
     def available(self) -> list[dict] | None:
-        """The saved states of every run, if all exist at the same round; else None."""
+        """The saved states of every run, if all exist at the same round; else None. A run starting
+        removes the temporary files of a save killed midway (:func:`remove_stale`)."""
+        for path in self.paths:
+            remove_stale(path)
         if not all(p.is_file() for p in self.paths):
             return None
-        try:
-            states = [torch.load(p, map_location="cpu", weights_only=False) for p in self.paths]
-        except Exception:  # noqa: BLE001 - a truncated or foreign file: start again
-            return None
+        states = []
+        for path in self.paths:
+            try:
+                states.append(torch.load(path, map_location="cpu", weights_only=False))
+            except Exception as err:  # noqa: BLE001 - a truncated or foreign file: named, then start again
+                first = (str(err).splitlines() or [""])[0].split(". ")[0]
+                self.discarded = (f"checkpoint {path} is cut short or unreadable ({path.stat().st_size} bytes; "
+                                  f"{type(err).__name__}: {first}); the run starts again from round 0")
+                _log.warning(self.discarded)
+                return None
         if len({(s.get("format"), s.get("next_round")) for s in states}) != 1 or states[0].get("format") != FORMAT:
             return None
         return states

@@ -310,6 +310,8 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
         "test_in_other_train_fraction": test_in_other_train_fraction(fed),
         **setup.algorithm.run_info(fed_result.server),
     }
+    if setup.dataset.provenance:  # not the official files (the CIFAR-10 reconstruction, an accepted copy)
+        info["data_provenance"] = setup.dataset.provenance
     if setup.pretrained_info:
         info["pretrained"] = setup.pretrained_info
     if has_bn_state(setup.model):  # train: accuracies with each test batch's own BN statistics
@@ -390,6 +392,8 @@ def run_experiments(
     info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), **device_info(dev), "wall_s": wall}
     if start:
         info["resumed_from_round"] = start
+    if checkpointing is not None and checkpointing.discarded:
+        info["checkpoint_discarded"] = checkpointing.discarded
     return [run_result(s, r, info) for s, r in zip(setups, results)]
 
 

@@ -3,6 +3,7 @@ configuration or a method's hyperparameters are built, so a bad value fails at l
 dotted key (:class:`ConfigError`), never hours into a sweep."""
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import typing
@@ -61,6 +62,14 @@ ADAM_LR = Tune(1e-5, 1e-1, log=True)
 """Adam learning rates (Ditto's global step, FedRep, MetaVers' server)."""
 PROX_LR = Tune(1e-4, 1e-1, log=True)
 """Local-model steps of the proximal methods (pFedMe, CGPFL, APFL, L2SGD)."""
+
+
+@functools.lru_cache(maxsize=None)
+def type_hints(obj, include_extras: bool = True) -> dict:
+    """``typing.get_type_hints(obj)`` of a class or function, resolved once per process: a suite's
+    load checks every run's config against the same few classes thousands of times, and resolving
+    the string annotations (``from __future__ import annotations``) was most of that time."""
+    return typing.get_type_hints(obj, include_extras=include_extras)
 
 
 def tuned_fields(cls) -> list[tuple[str, Any, Tune]]:
@@ -165,7 +174,7 @@ def check_value_types(cls, values: dict, where: str = "", path: str | None = Non
     YAML reads ``1e-3`` as a string and ``5.`` as a float; catching that at load time keeps a bad
     suite from failing hours into a sweep. Integers are accepted (and converted) for float fields.
     """
-    return check_values(typing.get_type_hints(cls, include_extras=True), values, where, field_defaults(cls), path)
+    return check_values(type_hints(cls), values, where, field_defaults(cls), path)
 
 
 def check_call_values(fn, values: dict, where: str, what: str) -> dict:
@@ -178,13 +187,13 @@ def check_call_values(fn, values: dict, where: str, what: str) -> dict:
         raise ConfigError(f"{where}{unknown[0]}: not a parameter of {what}; allowed: "
                           f"{sorted(params) or '(none)'}", where + unknown[0])
     defaults = {k: p.default for k, p in params.items()}
-    return check_values(typing.get_type_hints(fn, include_extras=True), values, where, defaults)
+    return check_values(type_hints(fn), values, where, defaults)
 
 
 def check_choices(obj) -> None:
     """Every ``Literal``-typed field of dataclass instance ``obj`` holds one of its choices (the one
     way a choice field is declared: ``name: Literal["a", "b"] = "a"``)."""
-    hints = typing.get_type_hints(type(obj))
+    hints = type_hints(type(obj), False)
     for f in fields(obj):
         hint = hints.get(f.name)
         if typing.get_origin(hint) is typing.Literal and getattr(obj, f.name) not in typing.get_args(hint):

@@ -149,3 +149,15 @@ def make_dry_run(target: str) -> str:
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.fixture
+def dead_and_live_pids():
+    """(pid of a process that has exited, pid of a running one): the writers of planted temporary
+    files, one killed mid-write and one still writing."""
+    done = subprocess.Popen(["true"])
+    done.wait()
+    live = subprocess.Popen(["sleep", "120"])
+    yield done.pid, live.pid
+    live.kill()
+    live.wait()

@@ -61,3 +61,26 @@ def test_an_error_while_writing_keeps_the_old_file_and_no_temporary(tmp_path):
         tmp.write_text("half")
         raise RuntimeError("killed")
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["table.md"]
+
+
+@pytest.mark.slow
+def test_a_report_killed_mid_render_leaves_temporary_files_the_next_report_removes(isolated, tiny_suite,
+                                                                                    dead_and_live_pids):
+    """``.tiny.<pid>.tmp.pdf`` and ``tiny/.mini.<pid>.tmp.md``: a ``pflbench report`` killed before
+    its renames. The next ``pflbench report`` into that folder removes them when their writer is
+    gone, and keeps a live writer's."""
+    from benchmarks import cli
+
+    dead, live = dead_and_live_pids
+    uri, _ = store(isolated / "store")
+    out = isolated / "out"
+    common = ["--tracking-uri", uri, "--profile", "smoke"]
+    assert cli.main(["run", str(tiny_suite), *common, "--device", "cpu", "--seeds", "0",
+                     "--only", "setting=iid", "--only", "method=local"]) == 0
+    (out / "tiny").mkdir(parents=True)
+    stale = [out / f".tiny.{dead}.tmp.pdf", out / "tiny" / f".mini.{dead}.tmp.md"]
+    writing = out / f".tiny.{live}.tmp.pdf"
+    for path in (*stale, writing):
+        path.write_bytes(b"half a file")
+    assert cli.main(["report", str(tiny_suite), *common, "--out", str(out)]) == 0
+    assert (out / "tiny.pdf").is_file() and not any(p.exists() for p in stale) and writing.exists()

@@ -27,6 +27,13 @@ def test_the_unmutated_suite_is_valid(tmp_path):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rejected_well_before_any_run(case, tmp_path, monkeypatch):
+    """Rejected by a dry run; a case a dry run only lists (missing data) by a real run's pre-flight."""
     monkeypatch.chdir(tmp_path)
-    verdict, message = classify(case, tmp_path, run=False)
+    verdict, message = classify(case, tmp_path, run=case.dry_run_lists)
     assert verdict == "well", message
+
+
+def test_a_dry_run_lists_missing_data_instead_of_failing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (case,) = [c for c in CASES if c.dry_run_lists]
+    assert classify(case, tmp_path, run=False)[0] == "accepted"

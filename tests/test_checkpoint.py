@@ -153,3 +153,42 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
         {k: v for k, v in reference.data.metrics.items() if k not in drop}
     assert sorted(after_history["round/train_loss"]) == sorted(reference_history["round/train_loss"])
     assert sorted(after_history["curve/acc"]) == sorted(reference_history["curve/acc"])
+
+
+def test_a_save_killed_midway_leaves_a_temporary_file_the_next_run_removes(tmp_path, dead_and_live_pids):
+    """``.run0.<pid>.tmp.pt``: a save killed before its rename. The next run of that checkpoint
+    removes it when its writer is gone; a live writer's file and other runs' files are kept."""
+    dead, live = dead_and_live_pids
+    saving = Checkpointing([tmp_path / "run0.pt"], every=2)
+    stale, writing, other = (tmp_path / f".run0.{dead}.tmp.pt", tmp_path / f".run0.{live}.tmp.pt",
+                             tmp_path / f".run1.{dead}.tmp.pt")
+    for path in (stale, writing, other):
+        path.write_bytes(b"half a checkpoint")
+    run_experiments([_config("fedavg", 0)], device="cpu", checkpointing=saving)
+    assert not stale.exists() and writing.exists() and other.exists()
+
+
+def test_a_resumed_runs_progress_bar_starts_at_the_resumed_round(tmp_path, monkeypatch):
+    """Resumed from the checkpoint of round 4 of 6, the run's bar goes 5/6, 6/6 (not 1/6, 2/6, ending
+    as if it stopped halfway), and its rate counts only the rounds run now."""
+    import benchmarks.worker as worker
+
+    data = tiny_suite_dict()
+    data["profiles"]["smoke"]["set"]["federation.rounds"] = ROUNDS
+    (spec,) = load_suite(write_suite(tmp_path / "mini.yaml", data)).expand(
+        "smoke", only={"setting": ["dir"], "method": ["fedavg"]}, seeds=(0,))
+    plan = worker.CheckpointPlan(str(tmp_path / "checkpoints"), every=2)
+    with pytest.raises(Stop):
+        run_experiments([RunConfig.from_dict(spec.config)], device="cpu", on_round=_stop_after(5),
+                        checkpointing=plan.for_runs([spec]))
+    shown = []
+
+    class Recording(worker.tqdm):
+        def update(self, n=1):
+            super().update(n)
+            shown.append((self.n - self.initial, self.n, self.total))
+
+    monkeypatch.setattr(worker, "tqdm", Recording)
+    (outcome,) = worker.execute_specs([spec], "cpu", None, progress=True, checkpoints=plan)
+    assert outcome["info"]["resumed_from_round"] == 4
+    assert shown == [(1, 5, ROUNDS), (2, 6, ROUNDS)]

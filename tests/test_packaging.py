@@ -90,14 +90,15 @@ def test_run_takes_a_packaged_suite_by_its_short_name(tmp_path, capsys):
 
 def test_the_version_is_written_once(capsys):
     """pyproject reads ``benchmarks.__version__``; ``--version`` prints it; the changelog's newest
-    entry is that version."""
+    released entry is that version (an ``[Unreleased]`` section may come first)."""
     assert "version" not in PYPROJECT["project"] and "version" in PYPROJECT["project"]["dynamic"]
     assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "benchmarks.__version__"}
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"pflbench {benchmarks.__version__}\n"
     entries = re.findall(r"^## \[([^\]]+)\]", (REPO_ROOT / "CHANGELOG.md").read_text(), flags=re.M)
-    assert entries and entries[0] == benchmarks.__version__
+    released = [e for e in entries if e != "Unreleased"]  # Keep a Changelog: changes not yet released on top
+    assert released and released[0] == benchmarks.__version__ and entries.index(released[0]) <= 1
 
 
 def test_the_heavy_parts_are_extras_and_dev_holds_them_all():

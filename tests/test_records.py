@@ -162,12 +162,12 @@ def test_the_lend_records_its_runs_skipping_those_already_committed_and_they_imp
 
 def test_the_lend_stops_at_its_deadline_with_no_half_written_record(tmp_path):
     data = tiny_suite_dict()
-    data["profiles"]["smoke"]["set"]["federation.rounds"] = 400  # long enough to outlast the budget
+    data["profiles"]["smoke"]["set"]["federation.rounds"] = 100_000  # far longer than the budget
     write_suite(tmp_path / "suites" / "tiny" / "mini.yaml", data)
     suite = tmp_path / "suites" / "tiny" / "mini.yaml"
     out = tmp_path / "out"
     gpu_lend.main([f"--suite={suite}", "--profile=smoke", "--skip-check", "--jobs=1", "--device=cpu",
-                   "--records-dir=none", f"--out={out}", "--budget-s=3", "--min-start-s=0",
+                   "--records-dir=none", f"--out={out}", "--budget-s=20", "--min-start-s=0",
                    "--only=setting=dir", "--only=method=fedavg"])
     assert _unpacked(out, tmp_path / "records") == []
     assert "| setting=dir,method=fedavg | stopped at the deadline | - |" in (out / "lend.md").read_text()

@@ -4,7 +4,8 @@ Runs are selected by config hash, not by tag: a run of an older version of the s
 is left out, and a run shared with another profile (same resolved config, skipped by the runner) is
 counted. A run re-executed after a failure appears twice; the newest per config hash is kept. A run
 copied from another suite of the store (:mod:`benchmarks.reuse`) carries its source run and
-experiment (``reused_from``, ``reused_from_experiment``; empty for a run computed here).
+experiment (``reused_from``, ``reused_from_experiment``; empty for a run computed here). A kept
+FINISHED run with an artifact cut short on disk is refused (:mod:`benchmarks.artifact_faults`).
 """
 from __future__ import annotations
 
@@ -12,16 +13,17 @@ import math
 
 import pandas as pd
 
+from benchmarks.artifact_faults import refuse_damaged
 from benchmarks.reporting.metric import MetricSpec
 from benchmarks.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
 from benchmarks.suite import RunSpec, Suite
-from benchmarks.tracking import Tracker
+from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
 
 #: the run metric of a method's pretraining stage (:meth:`pfl_core.algorithms.base.Algorithm.pretraining_rounds`):
 #: best-validation selection skips the evaluations up to that round
 PRETRAINING_ROUNDS = "pretraining_rounds"
 
-COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "config_hash",
+COLUMNS = ["cell", "seed", "status", "value", "also", "failure_reason", "offline_data", "data_provenance", "config_hash",
            "end_time", "wall_s", "git_commit", "git_dirty", "device", "run_id", "histories", "short_train_clients",
            "reused_from", "reused_from_experiment"]
 
@@ -60,13 +62,15 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
     specs = suite.expand(profile) if specs is None else specs
     wanted: dict[str, RunSpec] = {spec.config_hash: spec for spec in specs}
     keys = list(dict.fromkeys([*metric.history_keys, *extra_histories]))
-    rows = []
+    rows, finished_runs = [], {}
     for run in tracker.runs(suite.key, status=None):
         tags = run.data.tags
         spec = wanted.get(tags.get("config_hash"))
         if spec is None:
             continue
         finished = run.info.status == "FINISHED"
+        if finished:
+            finished_runs[run.info.run_id] = run
         hists = {k: history(tracker, run.info.run_id, k) for k in keys} if finished else {}
         rows.append({
             "cell": spec.cell_id, "seed": spec.seed, "status": run.info.status,
@@ -74,6 +78,7 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
             "also": {a: run_value(metric, run.data.metrics, hists, a) if finished else math.nan for a in metric.also},
             "failure_reason": tags.get("failure_reason", ""),
             "offline_data": tags.get("offline_data") == "true",
+            "data_provenance": tags.get(DATA_PROVENANCE_TAG, ""),
             "config_hash": spec.config_hash, "end_time": run.info.end_time or 0,
             "wall_s": run.data.metrics.get("wall_s", math.nan),
             "git_commit": tags.get("git_commit", "unknown"), "git_dirty": tags.get("git_dirty") == "true",
@@ -82,4 +87,6 @@ def collect_runs(suite: Suite, tracker: Tracker, profile: str, metric: MetricSpe
             "reused_from": tags.get(SOURCE_RUN, ""), "reused_from_experiment": tags.get(SOURCE_EXPERIMENT, ""),
         })
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    return frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)
+    frame = frame.sort_values("end_time").drop_duplicates(["config_hash"], keep="last").reset_index(drop=True)
+    refuse_damaged([finished_runs[i] for i in frame["run_id"] if i in finished_runs], suite.path, profile)
+    return frame

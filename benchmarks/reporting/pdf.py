@@ -22,7 +22,7 @@ from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
 from benchmarks.reporting import extras, fidelity, personalization, qualitative, summary  # noqa: E402
 from benchmarks.reporting.figures import OURS, diff_grid, draw_diff  # noqa: E402
 from benchmarks.reporting.table import SuiteReport  # noqa: E402
-from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, table_rows  # noqa: E402
+from benchmarks.reporting.text import conclusion_lines, legend_lines, notice, provenance_line, table_rows  # noqa: E402
 from pfl_core.atomic_file import atomic_path  # noqa: E402
 
 PAGE = (11.69, 8.27)  # A4 landscape, inches
@@ -181,7 +181,8 @@ def suite_section(doc: ReportPdf, index: int, report: SuiteReport, figures: dict
     title = f"{index}. {suite.raw.get('table', suite.name)} ({suite.key})"
     intro = [suite.raw.get("caption", "").strip(),
              f"Metric: {report.metric.key} ({report.metric.label}), x{report.metric.scale:g}, "
-             f"profile {report.profile}. Cell value: {report.metric.describe()}. {report.metric.averaging}"]
+             f"profile {report.profile}. Cell value: {report.metric.describe()}. {report.metric.averaging}",
+             provenance_line(report)]
     header, rows = table_rows(report)
     verdicts = (["Legend (verdicts and the rule applied per cell, column 'bound (rule)'):"] + legend_lines(report)
                 + ["", "Does the paper's conclusion hold? (best method per column; Kendall tau of the "

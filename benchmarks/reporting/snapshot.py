@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from benchmarks.reporting.metric import metric_spec
 from pfl_core.atomic_file import write_text
 from benchmarks.suite import Suite
-from benchmarks.tracking import Tracker
+from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
 
 FORMAT = 1
 
@@ -88,6 +88,16 @@ class SnapshotTracker:
         return [_Metric(*m) for m in record["histories"].get(key, [])]
 
 
+def data_copies(records: list[dict]) -> dict[str, int]:
+    """Each data copy that is not the official archive (tag ``data_provenance``) -> its runs."""
+    out: dict[str, int] = {}
+    for r in records:
+        text = r["tags"].get(DATA_PROVENANCE_TAG, "")
+        if text:
+            out[text] = out.get(text, 0) + 1
+    return out
+
+
 def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
     """The snapshot's provenance as a short Markdown page beside its rendered table."""
     lines = [f"# {tracker.suite_key}: reproduced runs (snapshot)", "",
@@ -107,6 +117,8 @@ def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
               f"- **devices**: {', '.join(d for d in devices if d) or 'unknown'}",
               f"- **compute time**: {wall / 3600:.2f} h ({wall:.0f} s), the runs' processes summed (a lockstep "
               "group of seeds counted once); parallel workers overlap it"]
+    lines += [f"- **data provenance** ({n} of {len(tracker.records)} runs): {text}"
+              for text, n in data_copies(tracker.records).items()]
     return "\n".join(lines) + "\n"
 
 
@@ -116,6 +128,8 @@ def snapshot_note(tracker: SnapshotTracker, path: Path) -> str:
     finished = [r for r in tracker.records if r["status"] == "FINISHED"]
     commits = sorted({r["tags"].get("git_commit", "unknown")[:7] for r in finished})
     data = tracker.provenance.get("data", "").split(" (")[0]
+    copies = "".join(f" Data provenance: {text} ({n} runs)." for text, n in data_copies(finished).items())
     return (f"{tracker.suite_key}: a COMMITTED SNAPSHOT of {len(finished)} runs this harness computed earlier "
             f"(code {', '.join(commits) or 'unknown'}{'; data: ' + data if data else ''}), rendered from "
-            f"{Path(path).name} without rerunning anything; its verdicts compare it with the published numbers.")
+            f"{Path(path).name} without rerunning anything; its verdicts compare it with the published numbers."
+            + copies)

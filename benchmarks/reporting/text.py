@@ -56,6 +56,19 @@ def notice(report: SuiteReport) -> str:
     return f"Not comparable with the paper: {'; '.join(why)}." if why else ""
 
 
+def provenance_line(report: SuiteReport) -> str:
+    """'Data provenance: ...' naming each copy the runs used that is not the official archive (tag
+    ``data_provenance``, e.g. the CIFAR-10 reconstruction) and how many runs used it; '' for none."""
+    runs = report.runs
+    if runs.empty or "data_provenance" not in runs:
+        return ""
+    used = runs[runs["data_provenance"] != ""]
+    if used.empty:
+        return ""
+    parts = [f"{text} ({n} of {len(runs)} runs)" for text, n in used.groupby("data_provenance").size().items()]
+    return f"Data provenance: {'; '.join(parts)}."
+
+
 def always(_report: SuiteReport) -> bool:
     return True
 
@@ -217,6 +230,8 @@ def render_markdown(report: SuiteReport) -> str:
         lines += [suite.raw["caption"].strip(), ""]
     if notice(report):
         lines += [f"> **{notice(report)}**", ""]
+    if provenance_line(report):
+        lines += [f"> {provenance_line(report)}", ""]
     lines += [f"Metric: `{metric.key}` ({metric.label}), x{metric.scale:g}, profile `{report.profile}`. "
               f"Cell value: {metric.describe()}. {metric.averaging}", ""]
     header, rows = table_rows(report)
@@ -326,6 +341,8 @@ def render_latex(report: SuiteReport) -> str:
         caption += " " + tex(line.removeprefix("- ").replace("**", "")) + "."
     if notice(report):
         caption += " " + tex(notice(report).replace("`", ""))
+    if provenance_line(report):
+        caption += " " + tex(provenance_line(report))
     lines += [f"\\caption{{{caption}}}", f"\\label{{tab:{re.sub(r'[^A-Za-z0-9]+', '-', report.suite.key)}}}",
               r"\end{table}"]
     return "\n".join(lines) + "\n"

@@ -8,9 +8,13 @@ each row came from (``ArrayDataset.source``). Torchvision datasets are
 read from their ``.data`` / ``.targets`` arrays (no per-item transforms). Missing files raise
 :class:`DatasetNotFoundError` with a one-line message naming the dataset, the directory and the fix;
 damaged idx files a :class:`~pfl_core.data.idx.DatasetFileError` naming the file and the problem.
+CIFAR-10/100 folders are checked first (:mod:`pfl_core.data.cifar_files`): missing, partial and
+checksum-failing files each raise their own error; a known copy (the CIFAR-10 reconstruction) or one
+accepted by ``PFL_ACCEPT_MD5_MISMATCH`` loads with its ``provenance`` set.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -21,6 +25,8 @@ import torch
 from pfl_core.data.augment.crop_flip import FEDL2P_CIFAR_MEAN, FEDL2P_CIFAR_STD
 from pfl_core.fields import NonNegativeInt
 from pfl_core.data import offline
+from pfl_core.data.cifar_files import read_cifar, verify_cifar
+from pfl_core.data.errors import DatasetNotFoundError, not_found  # noqa: F401 (imported from here by the loaders)
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import check_idx_folder
 from pfl_core.data.integrity import check_labels
@@ -33,10 +39,6 @@ SPLITS = ("train", "test", "all")
 """The splits every loader serves; a loader's own ``splits`` attribute may add ``val``."""
 
 
-class DatasetNotFoundError(FileNotFoundError):
-    """The dataset files are not under the data directory (and were not downloaded)."""
-
-
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     """``data_dir`` if given, else env ``PFL_DATA_DIR``, else ``~/.cache/pfl-data``."""
     chosen = data_dir or os.environ.get("PFL_DATA_DIR") or Path.home() / ".cache" / "pfl-data"
@@ -46,6 +48,20 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
 def _download_default() -> bool:
     """Env ``PFL_DOWNLOAD``: "0" (or false/no/off) disables downloads; default "1" allows them."""
     return os.environ.get("PFL_DOWNLOAD", "1").strip().lower() not in {"0", "false", "no", "off"}
+
+
+@contextlib.contextmanager
+def no_downloads():
+    """``PFL_DOWNLOAD=0`` inside the block (a dry run's data step never downloads), restored after."""
+    before = os.environ.get("PFL_DOWNLOAD")
+    os.environ["PFL_DOWNLOAD"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PFL_DOWNLOAD", None)
+        else:
+            os.environ["PFL_DOWNLOAD"] = before
 
 
 def load_dataset(
@@ -91,18 +107,10 @@ def concat_sources(parts: list[ArrayDataset], sources: list[str]) -> ArrayDatase
     return ArrayDataset(
         name=first.name, x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]),
         num_classes=max(p.num_classes for p in parts), groups=groups, mean=first.mean, std=first.std,
-        offline=first.offline, source=tags, sources=tuple(sources), group_names=first.group_names,
+        offline=first.offline, provenance=first.provenance, source=tags, sources=tuple(sources), group_names=first.group_names,
         evaluation_normalized=first.evaluation_normalized, inputs=first.inputs, extras=first.extras,
         unseen_groups=first.unseen_groups,
         description="; ".join(p.description for p in parts),
-    )
-
-
-def _not_found(title: str, data_dir: Path, expected: Path, reason: str = "") -> DatasetNotFoundError:
-    why = f" ({' '.join(reason.split())})" if reason else ""
-    return DatasetNotFoundError(
-        f"{title} not found under {data_dir} (expected {expected}){why}; download it on a machine "
-        "with internet, copy the torchvision layout there, or set PFL_DATA_DIR / --data-dir"
     )
 
 
@@ -120,11 +128,11 @@ def _open(
         return make(train, False)
     except RuntimeError as missing:  # torchvision: "Dataset not found [or corrupted]"
         if not download:
-            raise _not_found(title, data_dir, expected) from missing
+            raise not_found(title, data_dir, expected) from missing
     try:
         return make(train, True)
     except Exception as err:  # offline machine, unreachable mirror, corrupt archive
-        raise _not_found(title, data_dir, expected, f"download failed: {err}") from err
+        raise not_found(title, data_dir, expected, f"download failed: {err}", download=True) from err
 
 
 def _open_splits(
@@ -259,10 +267,10 @@ def _cifar(
                          "(MetaVers: val_size: 10000, val_seed: \"${seed}\")")
     wanted = ("train", "val", "test") if split == "all" else (split,)
     expected = data_dir / folder
+    provenance = verify_cifar(name, title, cls, data_dir, download)
     xs, ys = [], []
     if "train" in wanted or "val" in wanted:
-        (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
-                               title, data_dir, "train", download, expected)
+        part = read_cifar(cls, data_dir, train=True)
         x, y = part.data, np.asarray(part.targets)
         check_labels(y, len(part.classes), len(x), expected / "data_batch_1..5")
         rows = dict(zip(("train", "val"), train_val_split(len(y), val_size, val_seed))) if val_size \
@@ -272,8 +280,7 @@ def _cifar(
                 xs.append(x[rows[s]])
                 ys.append(y[rows[s]])
     if "test" in wanted:
-        (part,) = _open_splits(lambda train, dl: cls(data_dir, train=train, download=dl),
-                               title, data_dir, "test", download, expected)
+        part = read_cifar(cls, data_dir, train=False)
         check_labels(part.targets, len(part.classes), len(part.data), expected / "test_batch")
         xs.append(part.data)
         ys.append(np.asarray(part.targets))
@@ -284,6 +291,7 @@ def _cifar(
         y=torch.tensor(np.concatenate(ys), dtype=torch.int64),
         num_classes=len(part.classes),
         description=f"{title} {split} split (torchvision files under {data_dir}){cut}",
+        provenance=provenance,
         **mean_std_of(name, mean_std),
     )
 

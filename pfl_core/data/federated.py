@@ -32,6 +32,9 @@ class ArrayDataset:
         offline: True when the data was generated or ships inside an installed package, i.e. it is
             *not* the real benchmark dataset. Reports say so.
         description: one line for logs and reports (source, split, preprocessing).
+        provenance: "" for the official files; else one line saying which copy was loaded instead
+            (the CIFAR-10 reconstruction, a copy accepted by ``PFL_ACCEPT_MD5_MISMATCH``). Runs
+            record it (``data_provenance``) and reports print it beside their tables.
         source, sources: for a dataset joined from several of its splits
             (:func:`~pfl_core.data.datasets.load_sources`), ``sources[source[i]]`` is the split row
             i came from (e.g. ``("train", "val", "test")``); None and () for one split.
@@ -61,6 +64,7 @@ class ArrayDataset:
     std: tuple[float, ...] | torch.Tensor | None = None
     offline: bool = False
     description: str = ""
+    provenance: str = ""
     source: torch.Tensor | None = None
     sources: tuple[str, ...] = ()
     group_names: tuple[str, ...] = ()

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, _open_splits, _torchvision_datasets
+from pfl_core.data.cifar_files import read_cifar, verify_cifar
+from pfl_core.data.datasets import DATASETS, DatasetNotFoundError, _torchvision_datasets
 from pfl_core.data.federated import ArrayDataset
 from pfl_core.data.idx import DatasetFileError
 
@@ -98,8 +99,9 @@ def cifar100_novel(data_dir: Path, split: str, download: bool, swap_hw: bool = T
     uint8 (N, 3, 32, 32), batches in [0, 255]. ``swap_hw`` (default True, the code's
     ``transpose(1, 3)`` of HWC images, docs/papers/metavers.md): images stored as (C, W, H); False
     stores them upright (C, H, W)."""
-    parts = _open_splits(lambda train, dl: _torchvision_datasets().CIFAR100(data_dir, train=train, download=dl),
-                         "CIFAR-100", data_dir, "all", download, data_dir / "cifar-100-python")
+    cls = _torchvision_datasets().CIFAR100
+    provenance = verify_cifar("cifar100", "CIFAR-100", cls, data_dir, download)
+    parts = [read_cifar(cls, data_dir, train) for train in (True, False)]
     x = np.concatenate([p.data for p in parts])  # (60000, H, W, C), train then test
     y = np.concatenate([np.asarray(p.targets) for p in parts]).astype(np.int64)
     rows = np.concatenate([np.flatnonzero(np.isin(y, CIFAR100_CLASSES[s])) for s in _wanted(split)])
@@ -113,6 +115,7 @@ def cifar100_novel(data_dir: Path, split: str, download: bool, swap_hw: bool = T
         description=(f"CIFAR-100 novel-class {split} split (train+test merged, classes 0-63 train, 84-99 "
                      f"val, 64-83 test; {'H/W swapped as the code' if swap_hw else 'upright'}; raw 0-255 "
                      f"pixels; torchvision files under {data_dir})"),
+        provenance=provenance,
         **RAW_PIXELS,
     )
 
