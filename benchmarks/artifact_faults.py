@@ -31,7 +31,7 @@ class ArtifactError(StoreError):
 
 def artifact_folder(run) -> Path | None:
     """The local folder of ``run``'s artifacts, None when they are not on this machine's disk."""
-    uri = run.info.artifact_uri or ""
+    uri = getattr(run.info, "artifact_uri", None) or ""  # a snapshot's run has none
     parts = urlsplit(uri)
     if parts.scheme == "file":
         folder = Path(unquote(parts.path))
