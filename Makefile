@@ -10,7 +10,7 @@ DEMO_JOBS ?= 2
 DEVICE   ?= auto
 PORT     ?= 5000
 OUT      ?= reports
-# the default stores' folder, as benchmarks/stores.py resolves it (never the current directory)
+# the default stores' folder, as benchmarks/store/location.py resolves it (never the current directory)
 RESULTS  ?= $(or $(PFLBENCH_RESULTS_DIR),$(CURDIR)/results)
 MASK_URI := sed -E 's\#(://[^:/@]*):[^@/]*@\#\1:***@\#'
 PFLBENCH := $(BIN)/pflbench
@@ -90,7 +90,7 @@ gpu-check: $(STAMP) ## Check the GPU path (gpu tests, CUDA vs CPU, speed) into r
 # (no install there: PYTHONPATH=.); LEND_ARGS adds to it (e.g. --data-dir, --budget-s, --git-commit).
 LEND_ARGS ?=
 gpu-lend: ## On a lent GPU: gpu-check's core, then CAFeMe Table 1's RMNIST cells until the deadline; records into $$OUT
-	PYTHONPATH=. $(PYTHON) -m benchmarks.gpu_lend --suite cafeme/table1 --profile paper --only dataset=rmnist $(LEND_ARGS)
+	PYTHONPATH=. $(PYTHON) -m benchmarks.running.gpu_lend --suite cafeme/table1 --profile paper --only dataset=rmnist $(LEND_ARGS)
 
 device-rehearsal: $(STAMP) ## The gpu-lend command on the CPU in a venv with the lent image's versions (torch 2.11.0, no MLflow); tiny budget
 	.ci/device-rehearsal $(BIN)/python
@@ -113,7 +113,7 @@ mlflow-ui: $(STAMP) ## Serve the MLflow UI of MLFLOW_TRACKING_URI, else of the l
 	case "$$uri" in http://*|https://*) \
 		echo "MLFLOW_TRACKING_URI is a tracking server, which serves its own UI: open $$shown"; exit 0;; esac; \
 	echo "MLflow UI of $$shown on http://127.0.0.1:$(PORT)"; \
-	$(BIN)/python -m benchmarks.mlflow_ui --store "$$uri" --base http://127.0.0.1:$(PORT); \
+	$(BIN)/python -m benchmarks.store.mlflow_ui --store "$$uri" --base http://127.0.0.1:$(PORT); \
 	exec $(BIN)/mlflow ui --backend-store-uri "$$uri" --default-artifact-root $(RESULTS)/mlartifacts \
 		--host 127.0.0.1 --port $(PORT)
 
@@ -129,7 +129,7 @@ report-%: $(STAMP) ## report-<paper>: tables, figures and reports/<paper>.pdf fr
 reports: $(STAMP) ## Render the report of every paper that has suites (PROFILE=... as for reproduce)
 	@for p in $(PAPERS); do $(PFLBENCH) report --paper $$p --profile $(PROFILE) || exit $$?; done
 
-# -- tuning (benchmarks/tuning.py) --------------------------------------------------------------------
+# -- tuning (benchmarks/tuning/tune.py) --------------------------------------------------------------------
 TRIALS       ?= 20
 TUNE_PROFILE ?= $(PROFILE)
 OPTUNA_DB    ?= $(RESULTS)/optuna.db

@@ -8,10 +8,10 @@ import shlex
 import sys
 
 from benchmarks import __version__
-from benchmarks.packaged_suites import suite_names, suites_dir
-from benchmarks.report_commands import _tracker, cmd_report, cmd_snapshot, report_files
-from benchmarks.suite import load_suite, parse_only
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.packaged import suite_names, suites_dir
+from benchmarks.reporting.commands import _tracker, cmd_report, cmd_snapshot, report_files
+from benchmarks.suite.spec import load_suite, parse_only
+from benchmarks.suite.schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
 from pfl_core.engine.capture import CAPTURES
 
@@ -48,7 +48,7 @@ def check_local_device(args) -> None:
 
 def _executor(args):
     """The executor of ``--executor local|ray`` and its options (run and tune)."""
-    from benchmarks.executors import LocalExecutor, RayExecutor
+    from benchmarks.running.executors import LocalExecutor, RayExecutor
 
     if args.executor == "local":
         ray_only = {"--address": args.address, "--gpus-per-run": args.gpus_per_run, "--max-retries": args.max_retries}
@@ -68,7 +68,7 @@ def cmd_run(args) -> int:
     if not specs:
         print(f"{suite.key}: no run matches --only {args.only}", file=sys.stderr)
         return 2
-    from benchmarks.preflight import preflight
+    from benchmarks.suite.preflight import preflight
 
     gaps = preflight(suite, specs, args.data_dir, data=not args.no_data_check,  # every cell, before any run
                      dry_run=args.dry_run)
@@ -88,9 +88,9 @@ def dry_run(args, suite, specs, tracker, gaps=()) -> int:
     missing, partial or failing its checksum and where it is expected (``gaps``, from the pre-flight,
     which downloads nothing in a dry run). Nothing runs (a suite file the experiment does not admit
     is refused as the sweep would refuse it); missing data does not fail it."""
-    from benchmarks.experiment_owner import check_owner
-    from benchmarks.reuse import find_sources, other_experiments
-    from benchmarks.runner import pending_runs
+    from benchmarks.store.ownership import check_owner
+    from benchmarks.store.reuse import find_sources, other_experiments
+    from benchmarks.running.sweep import pending_runs
 
     check_owner(tracker, suite, share=args.share_experiment, write=False)
     todo, done = pending_runs(specs, tracker)
@@ -117,8 +117,8 @@ def dry_run(args, suite, specs, tracker, gaps=()) -> int:
 
 def sweep_and_report(args, suite, specs, tracker, executor) -> int:
     """The sweep of ``specs`` on ``executor``, then (``--report``) the suite's tables and PDF."""
-    from benchmarks.claims import LEASE_S
-    from benchmarks.runner import SweepInterrupted, run_sweep
+    from benchmarks.store.claims import LEASE_S
+    from benchmarks.running.sweep import SweepInterrupted, run_sweep
 
     try:
         summary = run_sweep(suite, specs, tracker, device=args.device, data_dir=args.data_dir,
@@ -140,7 +140,7 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
     if args.report:
         rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]}), rendered)
         tracker.log_report(summary.parent_run_id, report_files(rendered, suite.key))
-    from benchmarks.mlflow_ui import experiment_url, ui_base
+    from benchmarks.store.mlflow_ui import experiment_url, ui_base
 
     print(f"MLflow UI ({'make mlflow-ui, then ' if tracker.uri.startswith('sqlite:') else ''}open): "
           f"{experiment_url(ui_base(tracker.public_uri), tracker.experiment_id(suite.key))}")
@@ -161,9 +161,9 @@ def stack_settings(args) -> None:
 
 
 def cmd_tune(args) -> int:
-    """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning)."""
-    from benchmarks.tuning import tune
-    from benchmarks.tuning_study import TuneOptions
+    """One Optuna study per (suite, cell, method, profile) on validation data (benchmarks.tuning.tune)."""
+    from benchmarks.tuning.tune import tune
+    from benchmarks.tuning.study import TuneOptions
 
     check_local_device(args)
 
@@ -188,9 +188,9 @@ def cmd_tune(args) -> int:
 
 
 def cmd_import(args) -> int:
-    """``pflbench import RECORDS...``: run records (:mod:`benchmarks.records`, written where MLflow is
+    """``pflbench import RECORDS...``: run records (:mod:`benchmarks.store.records`, written where MLflow is
     absent: a lent GPU, another lab's machine) into the store, as if they had run here."""
-    from benchmarks.records import import_records
+    from benchmarks.store.records import import_records
 
     tracker = _tracker(args)
     counts = import_records(tracker, args.records)
@@ -220,8 +220,8 @@ def cmd_show(args) -> int:
     """The suite as if written out in full (``extends`` merged), or with ``--only`` one run's config."""
     import yaml
 
-    from benchmarks.packaged_suites import resolve_suite
-    from benchmarks.suite_file import read_suite_file
+    from benchmarks.suite.packaged import resolve_suite
+    from benchmarks.suite.file import read_suite_file
 
     if not args.only:
         print(yaml.safe_dump(read_suite_file(resolve_suite(args.suite)), sort_keys=False, allow_unicode=True,
@@ -241,7 +241,7 @@ def cmd_show(args) -> int:
 
 def list_suites() -> None:
     """One line per packaged suite: its short name (what ``pflbench run`` takes), title and profiles."""
-    from benchmarks.suite_file import read_suite_file
+    from benchmarks.suite.file import read_suite_file
 
     for name in suite_names():
         raw = read_suite_file(suites_dir() / f"{name}.yaml")
@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="exit 1 when any run failed: the default since issue 15 (kept for old scripts)")
     run.set_defaults(func=cmd_run)
 
-    from benchmarks.code_reference import REPORT_HELP
+    from benchmarks.suite.code_reference import REPORT_HELP
 
     report = sub.add_parser("report", help="render tables (Markdown, LaTeX, CSV), figures and the "
                                            "paper's PDF from the MLflow store", epilog=REPORT_HELP,
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     snap.set_defaults(func=cmd_snapshot)
 
     imp = sub.add_parser("import", help="load run records (a folder or files; written by python -m "
-                                        "benchmarks.gpu_lend) into the store as if they had run here")
+                                        "benchmarks.running.gpu_lend) into the store as if they had run here")
     imp.add_argument("records", nargs="+", help="record files or folders holding them (<suite>/<hash>.json)")
     imp.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default as for run)")
     imp.set_defaults(func=cmd_import)
@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("gpu-check", help="check the GPU path and write reports/gpu/<device>.md (dry mode "
                                              "without CUDA: the CPU steps, and which steps need a GPU)")
-    from benchmarks.gpu_check import add_arguments, cmd_gpu_check
+    from benchmarks.running.gpu_check import add_arguments, cmd_gpu_check
 
     add_arguments(check)
     check.set_defaults(func=cmd_gpu_check)
@@ -429,16 +429,16 @@ def _masked_excepthook(kind, value, tb) -> None:
     """Print an uncaught exception's traceback with every password in a URI masked."""
     import traceback
 
-    from benchmarks.stores import mask_uri
+    from benchmarks.store.location import mask_uri
 
     sys.stderr.write(mask_uri("".join(traceback.format_exception(kind, value, tb))))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.stores import StoreError, mask_uri
+    from benchmarks.store.location import StoreError, mask_uri
 
     sys.excepthook = _masked_excepthook  # tracebacks too keep store passwords out
-    from benchmarks.store_faults import quiet_disk_full_logs
+    from benchmarks.store.faults import quiet_disk_full_logs
 
     quiet_disk_full_logs()  # a full disk: pflbench's one line, not MLflow's SQL and traceback before it
     args = build_parser().parse_args(argv)
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pflbench: error: {mask_uri(str(err))}", file=sys.stderr)
         return 2
     except Exception as err:  # noqa: BLE001 - a full disk is answered in one line, anything else re-raised
-        from benchmarks.store_faults import disk_full, disk_full_message
+        from benchmarks.store.faults import disk_full, disk_full_message
 
         if not disk_full(err):
             raise

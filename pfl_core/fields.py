@@ -35,7 +35,7 @@ class Range:
 class Tune:
     """A tuning range declared in a field's annotation beside its :class:`Range`, e.g.
     ``Annotated[PositiveFloat, Tune(1e-4, 1.0, log=True)]``, read by the harness's search spaces
-    (``pflbench tune``, ``benchmarks/search_spaces.py``); the core only declares it. An ``int``
+    (``pflbench tune``, ``benchmarks/suite/search_spaces.py``); the core only declares it. An ``int``
     field is searched over integers, a ``float`` field over reals, ``choices`` over a fixed grid.
     ``order``: the field's place among a trial's suggestions (ties: field order), which fixes what
     a seeded sampler draws; the evaluation fine-tuning rate has order 10 (:data:`FINETUNE_ORDER`)."""

@@ -12,7 +12,7 @@ Providers:
 * :class:`pfl_core.experiment.InProcessPretraining` (the default of
   :func:`pfl_core.experiment.run_experiment`): runs stage 1 here, once per distinct stage-1
   configuration for the provider's lifetime.
-* the harness's (:mod:`benchmarks.stages`): the state of the stage-1 MLflow run with the same
+* the harness's (:mod:`benchmarks.running.stages`): the state of the stage-1 MLflow run with the same
   config hash, trained once per sweep before any stage-2 run starts.
 * :func:`untrained`: the stage-2 model's own initialisation stands in (timing projections).
 

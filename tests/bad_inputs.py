@@ -165,7 +165,7 @@ def _owned_by_another_file(path: Path, data_dir: Path) -> None:
 
     from mlflow.tracking import MlflowClient
 
-    from benchmarks.experiment_owner import SUITE_FILES_TAG
+    from benchmarks.store.ownership import SUITE_FILES_TAG
 
     client = MlflowClient(tracking_uri=f"sqlite:///{path.parent / 'mlflow.db'}")
     client.create_experiment("probe/bad", tags={SUITE_FILES_TAG: json.dumps(["suites/probe/other.yaml"])})

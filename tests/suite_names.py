@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-from benchmarks.suite_schema import FREE_FORM, SCHEMA_KEYS, leaves as _leaves
+from benchmarks.suite.schema import FREE_FORM, SCHEMA_KEYS, leaves as _leaves
 from pfl_core.algorithms import METHODS
 from pfl_core.data import DATASETS
 from pfl_core.evaluation import PROTOCOLS
 from pfl_core.models import MODELS
-from benchmarks.suite_file import read_suite_file
+from benchmarks.suite.file import read_suite_file
 
 REGISTRIES = {"method.name": ("method", METHODS), "data.dataset": ("dataset", DATASETS),
               "model.name": ("model", MODELS), "evaluation.protocol": ("protocol", PROTOCOLS)}

@@ -67,7 +67,7 @@ def test_a_run_records_its_device_versions_and_tf32(tf32_flags):
 
 
 def test_the_versions_and_tf32_are_tags_of_every_run():
-    from benchmarks.tracking import Tracker
+    from benchmarks.store.tracking import Tracker
 
     spec = types.SimpleNamespace(suite="s", cell_id="c", method="fedavg", seed=0, profile="smoke",
                                  config_hash="h", cell={}, stage=None, config={})

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.suite_schema import SuiteError, validate_config
+from benchmarks.suite.schema import SuiteError, validate_config
 from fake_data import write_cifar10
 from pfl_core.analysis import parse_analyses
 from pfl_core.analysis.leakage import client_prototypes

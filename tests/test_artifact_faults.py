@@ -12,7 +12,7 @@ from mlflow.entities import ViewType
 from mlflow.tracking import MlflowClient
 
 from benchmarks import cli
-from benchmarks.artifact_faults import file_fault
+from benchmarks.store.artifact_faults import file_fault
 from conftest import store
 
 RUN = ["--device", "cpu", "--profile", "smoke", "--seeds", "0", "--only", "setting=iid", "--only", "method=local"]
@@ -40,7 +40,7 @@ def cut(path, keep: float = 0.5) -> None:
 
 
 def artifact(client, run, name):
-    from benchmarks.artifact_faults import artifact_folder
+    from benchmarks.store.artifact_faults import artifact_folder
 
     return artifact_folder(client.get_run(run.info.run_id)) / name
 

@@ -12,8 +12,8 @@ from conftest import store
 from test_report import fill_hand_store
 
 from benchmarks.reporting import render_paper
-from benchmarks.tracking import Tracker
-from benchmarks.tuned_values import write_tuned
+from benchmarks.store.tracking import Tracker
+from benchmarks.tuning.tuned_file import write_tuned
 from pfl_core.atomic_file import atomic_path, write_text
 
 

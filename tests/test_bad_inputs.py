@@ -18,7 +18,7 @@ def test_the_probe_has_every_case_of_the_issue_and_at_least_40():
 
 
 def test_the_unmutated_suite_is_valid(tmp_path):
-    from benchmarks.suite import load_suite
+    from benchmarks.suite.spec import load_suite
     from conftest import write_suite
 
     suite = load_suite(write_suite(tmp_path / "ok.yaml", base_suite()))

@@ -11,9 +11,9 @@ import pytest
 
 from benchmarks.reporting.stats import best_val_round
 from benchmarks.reporting import write_report
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker
 from conftest import store, tiny_suite_dict, write_suite
 
 

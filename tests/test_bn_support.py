@@ -10,8 +10,8 @@ from dataclasses import fields
 import pytest
 import torch
 
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
 from pfl_core.algorithms import METHODS
 from pfl_core.bn_support import bn_methods, check_bn_support
 from pfl_core.config import FederationConfig, RunConfig

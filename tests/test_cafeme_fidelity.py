@@ -421,8 +421,8 @@ def test_deterministic_sweep_is_tagged_keeps_the_config_hash_and_the_cpu_numbers
     the worker, tags the run (with its device), and is not part of the config hash: the same
     specs, the same hashes, and on a CPU the same numbers as without it."""
     from benchmarks.cli import main
-    from benchmarks.suite import load_suite
-    from benchmarks.tracking import Tracker
+    from benchmarks.suite.spec import load_suite
+    from benchmarks.store.tracking import Tracker
     from conftest import store, tiny_suite_dict, write_suite
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
@@ -484,7 +484,7 @@ def test_every_cafeme_suite_resolves_to_the_spec_hyperparameters(name):
     """A changed default or a suite edit cannot silently change a published cell's setup: every
     paper-profile run's resolved method hyperparameters (dataclass defaults included), model,
     batch size, rounds and evaluation protocol against the spec's table."""
-    from benchmarks.suite import load_suite
+    from benchmarks.suite.spec import load_suite
     from conftest import REPO_ROOT
 
     specs = load_suite(REPO_ROOT / "suites" / "cafeme" / f"{name}.yaml").expand("paper")

@@ -27,7 +27,7 @@ from pfl_core.training import model_params
 from tests.conftest import REPO_ROOT
 from tests.helpers import make_method, one_thread, tiny_federation  # noqa: F401 (fixture)
 from tests.test_training import _mlr_grad
-from benchmarks.suite_file import read_suite_file
+from benchmarks.suite.file import read_suite_file
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -388,7 +388,7 @@ SUITES = {"table1": (45, 5), "fig1": (14, 5), "fig2": (14, 5), "fig3": (112, 5)}
 
 
 def _load(name):
-    from benchmarks.suite import load_suite
+    from benchmarks.suite.spec import load_suite
 
     path = REPO_ROOT / "suites" / "cgpfl" / f"{name}.yaml"
     raw = read_suite_file(path)

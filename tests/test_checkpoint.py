@@ -15,8 +15,8 @@ import pfl_core.experiment as experiment
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiments
-from benchmarks.worker import KILL_HOOK_ENV
-from benchmarks.suite import load_suite
+from benchmarks.running.worker import KILL_HOOK_ENV
+from benchmarks.suite.spec import load_suite
 from conftest import tiny_suite_dict, write_suite
 
 ROUNDS = 6
@@ -171,7 +171,7 @@ def test_a_save_killed_midway_leaves_a_temporary_file_the_next_run_removes(tmp_p
 def test_a_resumed_runs_progress_bar_starts_at_the_resumed_round(tmp_path, monkeypatch):
     """Resumed from the checkpoint of round 4 of 6, the run's bar goes 5/6, 6/6 (not 1/6, 2/6, ending
     as if it stopped halfway), and its rate counts only the rounds run now."""
-    import benchmarks.worker as worker
+    import benchmarks.running.worker as worker
 
     data = tiny_suite_dict()
     data["profiles"]["smoke"]["set"]["federation.rounds"] = ROUNDS

@@ -1,4 +1,4 @@
-"""benchmarks.claims: the claim protocol and stale runs, on real MLflow SQLite stores in tmp_path."""
+"""benchmarks.store.claims: the claim protocol and stale runs, on real MLflow SQLite stores in tmp_path."""
 from __future__ import annotations
 
 import os
@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-import benchmarks.runner as runner
-from benchmarks.claims import LEASE, OWNER, ClaimBook, owner_dead, this_owner
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker
+import benchmarks.running.sweep as runner
+from benchmarks.store.claims import LEASE, OWNER, ClaimBook, owner_dead, this_owner
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker
 from conftest import store, tiny_suite_dict, write_suite
 
 KEY = "tiny/mini"

@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from benchmarks.cli import main
-from benchmarks.suite import load_suite
+from benchmarks.suite.spec import load_suite
 from pfl_core.algorithms import METHODS
 from pfl_core.data import DATASETS, PARTITIONERS
 from pfl_core.evaluation import PROTOCOLS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import config_hash, load_suite
+from benchmarks.suite.spec import config_hash, load_suite
 from pfl_core.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.suite import config_hash
+from benchmarks.suite.spec import config_hash
 from pfl_core.config import RunConfig
 from pfl_core.fields import ConfigError
 from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, load_sources

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torchvision import datasets as tv
 
-from benchmarks.suite import config_hash
+from benchmarks.suite.spec import config_hash
 from pfl_core.config import RunConfig
 from pfl_core.fields import ConfigError
 from pfl_core.data import DatasetNotFoundError, build_federated, load_dataset, load_sources
@@ -324,7 +324,7 @@ def test_a_run_on_metavers_cifar10_splits(tmp_path, monkeypatch):
 
 
 def test_suite_validation_checks_split_names_and_partitioner():
-    from benchmarks.suite_schema import SuiteError, validate_config
+    from benchmarks.suite.schema import SuiteError, validate_config
 
     def config(**data):
         return {"data": {"dataset": "cifar10", "client_splits": {}, "partition": {"name": "classes_per_client"},

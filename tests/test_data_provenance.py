@@ -13,9 +13,9 @@ from pypdf import PdfReader
 
 from benchmarks.reporting import render_paper
 from benchmarks.reporting.snapshot import SnapshotTracker, export_snapshot, provenance_markdown, snapshot_note
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import DATA_PROVENANCE_TAG, Tracker
 from pfl_core.data import cifar_files
 from pfl_core.data.cifar_files import ACCEPT_ENV, CIFAR10_RECONSTRUCTION
 from conftest import store, tiny_suite_dict, write_suite

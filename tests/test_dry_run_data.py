@@ -12,8 +12,8 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 from benchmarks.cli import main
-from benchmarks.packaged_suites import suite_names
-from benchmarks.suite import load_suite
+from benchmarks.suite.packaged import suite_names
+from benchmarks.suite.spec import load_suite
 from pfl_core.data.cifar_files import ACCEPT_ENV
 
 from conftest import REPO_ROOT

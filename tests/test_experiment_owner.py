@@ -6,10 +6,10 @@ import copy
 import pytest
 
 from benchmarks import cli
-from benchmarks.experiment_owner import SUITE_FILES_TAG, admitted_files, check_owner, suite_file_id
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
-from benchmarks.tracking import Tracker
+from benchmarks.store.ownership import SUITE_FILES_TAG, admitted_files, check_owner, suite_file_id
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
+from benchmarks.store.tracking import Tracker
 from conftest import store, tiny_suite_dict, write_suite
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import IntegrityError
 
-from benchmarks.tracking import Tracker
+from benchmarks.store.tracking import Tracker
 from conftest import store
 
 
@@ -37,8 +37,8 @@ def test_a_lost_tag_insert_is_written_again_and_other_errors_are_not(tmp_path, m
 
 def test_admitting_a_suite_file_survives_the_same_race(tmp_path, monkeypatch):
     """check_owner's write of the admitted suite files (two runners starting one suite at once)."""
-    from benchmarks.experiment_owner import SUITE_FILES_TAG, admitted_files, check_owner, suite_file_id
-    from benchmarks.suite import load_suite
+    from benchmarks.store.ownership import SUITE_FILES_TAG, admitted_files, check_owner, suite_file_id
+    from benchmarks.suite.spec import load_suite
     from conftest import REPO_ROOT
 
     tracker = Tracker(*store(tmp_path / "store"))

@@ -8,7 +8,7 @@ Two ways of expanding a suite:
 * :func:`draft` expands the raw YAML with the suite's own merge rules (base, grid, methods,
   overrides, profiles) but without validating names, so grids, cells, configs and stage-1 blocks are
   checked whatever this checkout registers;
-* :func:`loaded` is the real :func:`benchmarks.suite.load_suite` (every run validated, stage 1
+* :func:`loaded` is the real :func:`benchmarks.suite.spec.load_suite` (every run validated, stage 1
   resolved by ``RunConfig``); it skips, naming what is missing, while a method, dataset, model,
   protocol or config key the suite names is not registered here (tests/suite_names.py: the FedL2P
   pieces land from other branches). The smoke runs are in tests/test_suites_smoke.py."""
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.suite as suite_module
-from benchmarks.suite import Suite, _parse_axis, cell_id, load_suite
+import benchmarks.suite.spec as suite_module
+from benchmarks.suite.spec import Suite, _parse_axis, cell_id, load_suite
 from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
-from benchmarks.suite_file import read_suite_file
+from benchmarks.suite.file import read_suite_file
 
 SUITES = REPO_ROOT / "suites" / "fedl2p"
 SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"
@@ -371,7 +371,7 @@ def test_loaded_suites_resolve_the_stage1_hashes(name, distinct):
     """With the real config: the stage-1 config hash (the normal hash of the stage-1 RunConfig) is
     the same for the seeds and cells that share a pretrained model."""
     suite = loaded(name)
-    from benchmarks.suite import stage1_hash  # S `l2p-stages`
+    from benchmarks.suite.spec import stage1_hash  # S `l2p-stages`
 
     hashes = {}
     for spec in suite.expand("paper"):

@@ -174,8 +174,8 @@ def test_a_val_split_evaluation_keeps_the_run_seed(cifar_dir):
 
 def test_suites_may_tabulate_group_and_pooled_accuracy(tmp_path):
     """A suite's metric.key may name acc_pooled and any acc_group/<group> (not round/ history)."""
-    from benchmarks.suite import load_suite
-    from benchmarks.suite_schema import SuiteError
+    from benchmarks.suite.spec import load_suite
+    from benchmarks.suite.schema import SuiteError
     from conftest import tiny_suite_dict, write_suite
 
     for key in ("acc_pooled", "acc_group/snow"):

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from benchmarks import gpu_check
+from benchmarks.running import gpu_check
 from benchmarks.cli import main
 from conftest import make_dry_run
 
@@ -31,7 +31,7 @@ def test_the_plan_runs_the_gpu_tests_the_guard_and_both_speed_paths():
 
 def test_the_rmnist_slice_names_real_cells_of_the_paper_profile():
     """The slice's suite, profile and --only labels exist (a renamed label would fail on the GPU)."""
-    from benchmarks.suite import load_suite, parse_only
+    from benchmarks.suite.spec import load_suite, parse_only
 
     argv = dict((name, argv) for name, argv, _ in gpu_check.plan(cuda=True))["rmnist slice"]
     only = parse_only([argv[i + 1] for i, a in enumerate(argv) if a == "--only"])

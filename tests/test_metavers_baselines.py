@@ -396,7 +396,7 @@ def test_tuning_spaces_tune_the_step_count_the_baselines_default_to():
     """The pFedHN optimiser counts 50 steps per round by default: the search space tunes steps."""
     import optuna
 
-    from benchmarks.search_spaces import suggest
+    from benchmarks.suite.search_spaces import suggest
 
     study = optuna.create_study()
     for method in ("fedper", "lg_fedavg", "fedbabu", "knn_per"):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import cell_id, load_suite
+from benchmarks.suite.spec import cell_id, load_suite
 from conftest import REPO_ROOT, make_dry_run
 from suite_names import unregistered
 from test_suites_smoke import md_table
-from benchmarks.suite_file import read_suite_file
+from benchmarks.suite.file import read_suite_file
 
 SUITES = REPO_ROOT / "suites" / "metavers"
 SPECS = Path(__file__).resolve().parents[2] / "shared" / "specs"

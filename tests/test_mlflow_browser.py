@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import mlflow_ui as ui
+from benchmarks.store import mlflow_ui as ui
 from benchmarks.cli import main
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker
 from conftest import REPO_ROOT, free_port, wait_for
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' (playwright)")

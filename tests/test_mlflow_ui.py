@@ -1,4 +1,4 @@
-"""What the MLflow UI reads (benchmarks.mlflow_ui) and the parent run per sweep, on real SQLite stores."""
+"""What the MLflow UI reads (benchmarks.store.mlflow_ui) and the parent run per sweep, on real SQLite stores."""
 from __future__ import annotations
 
 import json
@@ -7,16 +7,16 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-import benchmarks.runner as runner
-from benchmarks import mlflow_ui as ui
+import benchmarks.running.sweep as runner
+from benchmarks.store import mlflow_ui as ui
 from benchmarks.cli import main
 from benchmarks.reporting.collect import collect_runs
 from benchmarks.reporting.metric import metric_spec
-from benchmarks.runner import run_sweep
-from benchmarks.suite import Suite, _parse_axis, load_suite
-from benchmarks.tracking import Tracker, command_line
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import Suite, _parse_axis, load_suite
+from benchmarks.store.tracking import Tracker, command_line
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
-from benchmarks.suite_file import read_suite_file
+from benchmarks.suite.file import read_suite_file
 
 FAKE_GIT = ("0123456789abcdef0123456789abcdef01234567", False)
 COMMAND = "pflbench run suites/tiny/mini.yaml --profile smoke"
@@ -228,7 +228,7 @@ def test_interrupted_sweep_leaves_a_killed_parent_with_its_counts(tmp_path, tiny
     (parent,) = tracker.runs(suite.key, status=None, kind=ui.SWEEP)
     assert parent.info.status == "KILLED"
     assert (parent.data.metrics["runs_total"], parent.data.metrics["runs_finished"]) == (2, 1)
-    # the run that finished, and the claim of the interrupted one (KILLED, benchmarks.claims)
+    # the run that finished, and the claim of the interrupted one (KILLED, benchmarks.store.claims)
     children = tracker.runs(suite.key, status=None)
     assert sorted(c.info.status for c in children) == ["FINISHED", "KILLED"]
     assert all(c.data.tags[ui.PARENT_TAG] == parent.info.run_id for c in children)

@@ -1,5 +1,5 @@
 """The Optuna dashboard (`make optuna-dashboard`, extra `dashboard`) serves a study made by `pflbench tune`,
-with its name and the user attributes benchmarks/tuning.py sets; checked through the dashboard's own
+with its name and the user attributes benchmarks/tuning/tune.py sets; checked through the dashboard's own
 WSGI app (the server `make optuna-dashboard` starts runs this app)."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from wsgiref.util import setup_testing_defaults
 
 import pytest
 
-from benchmarks.tuning import tune
-from benchmarks.tuning_study import TuneOptions
+from benchmarks.tuning.tune import tune
+from benchmarks.tuning.study import TuneOptions
 from conftest import REPO_ROOT, free_port, store, tiny_suite_dict, wait_for, write_suite
 
 pytestmark = pytest.mark.slow  # `optuna-dashboard` and `make` servers in subprocesses
@@ -82,8 +82,8 @@ def test_dashboard_page_is_served(dashboard):
 
 def test_tuning_experiment_opens_as_model_training_with_its_view(dashboard):
     """The MLflow experiment of the trials (`<suite>/tuning`) is tagged and described like a suite's."""
-    from benchmarks import mlflow_ui as ui
-    from benchmarks.tracking import Tracker
+    from benchmarks.store import mlflow_ui as ui
+    from benchmarks.store.tracking import Tracker
 
     *_, uri = dashboard
     tracker = Tracker(uri)

@@ -18,10 +18,10 @@ import pytest
 
 import benchmarks
 from benchmarks.cli import main
-from benchmarks.experiment_owner import suite_file_id
-from benchmarks.packaged_suites import resolve_suite, suite_file, suite_names, suites_dir
+from benchmarks.store.ownership import suite_file_id
+from benchmarks.suite.packaged import resolve_suite, suite_file, suite_names, suites_dir
 from benchmarks.reporting import paper_suites
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.schema import SuiteError
 from conftest import REPO_ROOT, tiny_suite_dict, write_suite
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from benchmarks.suite import load_suite
+from benchmarks.suite.spec import load_suite
 from conftest import free_port, tiny_suite_dict, wait_for, write_suite
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # its Ray sweep: one Ray instance at a time (tests/test_ray.py)

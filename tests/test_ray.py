@@ -1,4 +1,4 @@
-"""--executor ray (benchmarks.executors.RayExecutor): sweeps and Optuna trials as Ray tasks on a local
+"""--executor ray (benchmarks.running.executors.RayExecutor): sweeps and Optuna trials as Ray tasks on a local
 Ray instance of 2 CPUs, against real MLflow and Optuna SQLite stores in tmp_path.
 
 Each test proves its runs left this process: the parent's ``run_experiment`` (or the objective) is
@@ -10,15 +10,15 @@ import sys
 import optuna
 import pytest
 
-import benchmarks.runner as runner
-import benchmarks.worker as worker
-import benchmarks.tuning as tuning
+import benchmarks.running.sweep as runner
+import benchmarks.running.worker as worker
+import benchmarks.tuning.tune as tuning
 from benchmarks.cli import main
-from benchmarks.runner import run_sweep
-from benchmarks.worker import DEFAULT_THREADS, KILL_HOOK_ENV
-from benchmarks.executors import ExecutorError, LocalExecutor, RayExecutor
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, read_json_artifact
+from benchmarks.running.sweep import run_sweep
+from benchmarks.running.worker import DEFAULT_THREADS, KILL_HOOK_ENV
+from benchmarks.running.executors import ExecutorError, LocalExecutor, RayExecutor
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, read_json_artifact
 from conftest import store, write_suite
 from test_tuning import suite_dict
 

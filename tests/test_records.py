@@ -1,4 +1,4 @@
-"""Run records (benchmarks/records.py) and the GPU lend's command (benchmarks/gpu_lend.py) against a
+"""Run records (benchmarks/store/records.py) and the GPU lend's command (benchmarks/running/gpu_lend.py) against a
 real MLflow SQLite store: a recorded run imports exactly as the sweep logs it, a finished hash is
 skipped, a damaged or foreign record is refused in one line, and the lend's command on the CPU
 records whole runs only and stops at its deadline."""
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_lend
-from benchmarks.records import RecordError, import_records, read_record, record_path, recorded_hashes, write_record
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, read_json_artifact
-from benchmarks.worker import execute_specs
+from benchmarks.running import gpu_lend
+from benchmarks.store.records import RecordError, import_records, read_record, record_path, recorded_hashes, write_record
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, read_json_artifact
+from benchmarks.running.worker import execute_specs
 from conftest import store, tiny_suite_dict, write_suite
 
 GIT = ("0123456789abcdef0123456789abcdef01234567", False)

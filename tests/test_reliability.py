@@ -16,12 +16,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from benchmarks.cli import main
-from benchmarks.lifecycle import Interrupted, signals_interrupt
-from benchmarks.runner import run_sweep
-from benchmarks.worker import KILL_HOOK_ENV
-from benchmarks.executors import LocalExecutor
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker
+from benchmarks.running.lifecycle import Interrupted, signals_interrupt
+from benchmarks.running.sweep import run_sweep
+from benchmarks.running.worker import KILL_HOOK_ENV
+from benchmarks.running.executors import LocalExecutor
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 
 DEMO = REPO_ROOT / "suites" / "demo" / "offline.yaml"
@@ -250,9 +250,9 @@ def test_tune_fails_stale_trials_reruns_them_and_logs_every_trial(tmp_path):
     runs the trials still lacking: every Optuna trial has exactly one finished MLflow run."""
     import optuna
 
-    from benchmarks.tuning import tune
-    from benchmarks.tuning_study import load_study
-    from benchmarks.tuning_study import TrialLogger, TuneOptions, study_name
+    from benchmarks.tuning.tune import tune
+    from benchmarks.tuning.study import load_study
+    from benchmarks.tuning.study import TrialLogger, TuneOptions, study_name
     from conftest import tiny_suite_dict, write_suite
     from test_claims import dead_pid
 
@@ -294,8 +294,8 @@ def test_a_trial_killed_before_it_recorded_its_owner_is_failed_too(tmp_path):
     trial of a live owner is never failed."""
     import optuna
 
-    from benchmarks.claims import this_owner
-    from benchmarks.tuning_study import OWNERLESS_STALE_S, fail_stale_trials
+    from benchmarks.store.claims import this_owner
+    from benchmarks.tuning.study import OWNERLESS_STALE_S, fail_stale_trials
 
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/optuna.db")
     ownerless = study.ask()
@@ -316,7 +316,7 @@ def test_the_objective_records_its_owner_before_anything_slow(monkeypatch):
     import inspect
     import textwrap
 
-    from benchmarks.tuning import Objective
+    from benchmarks.tuning.tune import Objective
 
     body = ast.parse(textwrap.dedent(inspect.getsource(Objective.__call__))).body[0].body
     first_calls = [node for node in body[:3] if isinstance(node, ast.Expr)]

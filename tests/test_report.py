@@ -16,14 +16,14 @@ from mlflow.tracking import MlflowClient
 from pypdf import PdfReader
 from pypdf.generic import ContentStream
 
-import benchmarks.runner as runner
-import benchmarks.worker as worker
+import benchmarks.running.sweep as runner
+import benchmarks.running.worker as worker
 from benchmarks.cli import main
 from benchmarks.reporting import render_paper, write_report
 from benchmarks.reporting.text import notice
-from benchmarks.runner import run_sweep
-from benchmarks.suite import cell_id, load_suite
-from benchmarks.tracking import Tracker
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import cell_id, load_suite
+from benchmarks.store.tracking import Tracker
 from pfl_core.federation import DivergenceError
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 

@@ -19,9 +19,9 @@ from benchmarks.reporting import render_paper
 from benchmarks.reporting import verdict as V
 from benchmarks.reporting.figures import grouped_bars
 from benchmarks.reporting.table import build_suite_report
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
+from benchmarks.store.tracking import Tracker
 from suite_names import unregistered
 from conftest import REPO_ROOT, store, tiny_suite_dict, write_suite
 from test_report import balanced

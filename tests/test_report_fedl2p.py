@@ -16,9 +16,9 @@ from sklearn.metrics import adjusted_rand_score
 
 from benchmarks.reporting import render_paper
 from benchmarks.reporting.personalization import ARTIFACT, cluster_distance_map
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, read_npz_artifact
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, read_npz_artifact
 from conftest import store, tiny_suite_dict, write_suite
 
 # its module-scoped store is filled once: one pytest-xdist worker runs the module (`make test`: --dist loadgroup)

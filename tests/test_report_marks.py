@@ -9,9 +9,9 @@ import pytest
 from pypdf import PdfReader
 
 from benchmarks.reporting import render_paper
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
+from benchmarks.store.tracking import Tracker
 from conftest import store, write_suite
 
 TEXT = "hyperparameters from the baseline's own paper"

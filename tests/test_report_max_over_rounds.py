@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from benchmarks.reporting.build import write_report
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
+from benchmarks.store.tracking import Tracker
 from conftest import store, tiny_suite_dict, write_suite
 
 # seed -> acc_weighted per round (fractions); the last round is not the best one

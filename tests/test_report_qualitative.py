@@ -11,9 +11,9 @@ from pypdf import PdfReader
 
 from benchmarks.reporting import render_paper
 from benchmarks.reporting.qualitative import dlg_panels, stored_metric, tsne_map, tsne_panels
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, read_npz_artifact
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, read_npz_artifact
 from conftest import store, write_suite
 from fake_data import write_cifar10
 

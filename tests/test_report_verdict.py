@@ -15,8 +15,8 @@ from benchmarks.reporting.fidelity import dataset_is_offline, deviations, method
 from benchmarks.reporting.metric import metric_spec
 from benchmarks.reporting.stats import best_val_round, last3_of_seed_mean_curve, per_seed_last3, sem, spread
 from benchmarks.reporting.text import tex
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import SuiteError
 from conftest import tiny_suite_dict, write_suite
 
 NAN = math.nan

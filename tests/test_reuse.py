@@ -6,13 +6,13 @@ import copy
 
 import pytest
 
-import benchmarks.runner as runner
+import benchmarks.running.sweep as runner
 from benchmarks.reporting.table import build_suite_report
 from benchmarks.reporting.text import render_markdown
-from benchmarks.reuse import REUSED_TAG, SOURCE_EXPERIMENT, SOURCE_EXPERIMENT_ID, SOURCE_RUN
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, flatten
+from benchmarks.store.reuse import REUSED_TAG, SOURCE_EXPERIMENT, SOURCE_EXPERIMENT_ID, SOURCE_RUN
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, flatten
 from conftest import store, tiny_suite_dict, write_suite
 
 SOURCE_GIT = ("1111111111111111111111111111111111111111", False)

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import benchmarks.runner as runner
-import benchmarks.worker as worker
+import benchmarks.running.sweep as runner
+import benchmarks.running.worker as worker
 import pfl_core.experiment as experiment
-from benchmarks.runner import run_sweep
-from benchmarks.suite import load_suite
-from benchmarks.tracking import Tracker, default_tracking_uri, flatten, git_state, read_json_artifact
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import load_suite
+from benchmarks.store.tracking import Tracker, default_tracking_uri, flatten, git_state, read_json_artifact
 from pfl_core.algorithms import METHODS
 from pfl_core.federation import DivergenceError
 from conftest import store, tiny_suite_dict, write_suite
@@ -293,7 +293,7 @@ def test_git_state_outside_a_repository(tmp_path, monkeypatch):
 def test_default_store_does_not_depend_on_the_current_directory(tmp_path, monkeypatch):
     """Issue 15 item 7: a sweep started from another folder finds the same store: the checkout's
     results/ by default, $PFLBENCH_RESULTS_DIR when set, $MLFLOW_TRACKING_URI above both."""
-    from benchmarks.tuning_study import default_storage
+    from benchmarks.tuning.study import default_storage
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("PFLBENCH_RESULTS_DIR", raising=False)
@@ -367,7 +367,7 @@ def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
     (tmp_path / "bars.py").write_text(
         "import sys\nfrom tqdm import tqdm\n\n"
         "def work(k):\n    for _ in tqdm(range(3), file=sys.stderr):\n        pass\n    return k * k\n")
-    script = ("import bars\nfrom benchmarks.executors import LocalExecutor\n"
+    script = ("import bars\nfrom benchmarks.running.executors import LocalExecutor\n"
               "if __name__ == '__main__':\n"
               "    executor = LocalExecutor(jobs=2, threads=1)\n"
               f"    if {started != 'by map'}:\n"
@@ -403,7 +403,7 @@ def test_a_worker_process_imports_no_library_a_plain_run_does_not_use():
     import subprocess
     import sys
     heavy = ("sklearn", "scipy", "skimage", "mlflow", "pandas", "matplotlib", "optuna", "ray")
-    code = ("import sys, benchmarks.cli, benchmarks.worker; "
+    code = ("import sys, benchmarks.cli, benchmarks.running.worker; "
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(worker.__file__).parents[1])

@@ -3,7 +3,7 @@ hyperparameter fields (issue 27, item 3): the same parameter names, distribution
 scale, choices), suggestion order and so, with a seeded ``RandomSampler``, the same values.
 
 ``tests/data/search_spaces_frozen.json`` was recorded from the per-method space functions of
-``benchmarks/search_spaces.py`` before the move (:func:`record`, run by hand with ``--write``);
+``benchmarks/suite/search_spaces.py`` before the move (:func:`record`, run by hand with ``--write``);
 it is a fixture, never regenerated from the code it checks."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from benchmarks.search_spaces import NOTHING_TO_TUNE, suggest
+from benchmarks.suite.search_spaces import NOTHING_TO_TUNE, suggest
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
 

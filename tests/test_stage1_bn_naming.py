@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-import benchmarks.runner as runner
-from benchmarks.runner import run_sweep
-from benchmarks.stages import PRETRAIN_EXPERIMENT
-from benchmarks.suite import RunSpec, config_hash, load_suite
-from benchmarks.tracking import (BN_EVALUATION_TAG, TRAIN_MODE_LABEL, TRAIN_MODE_NOTE, Tracker,
+import benchmarks.running.sweep as runner
+from benchmarks.running.sweep import run_sweep
+from benchmarks.running.stages import PRETRAIN_EXPERIMENT
+from benchmarks.suite.spec import RunSpec, config_hash, load_suite
+from benchmarks.store.tracking import (BN_EVALUATION_TAG, TRAIN_MODE_LABEL, TRAIN_MODE_NOTE, Tracker,
                                  read_json_artifact)
-from benchmarks import mlflow_ui as ui
+from benchmarks.store import mlflow_ui as ui
 from pfl_core.config import RunConfig
 from conftest import store
 

@@ -9,14 +9,14 @@ from urllib.parse import urlparse
 import pytest
 import torch
 
-import benchmarks.runner as runner
-import benchmarks.worker as worker
-from benchmarks.runner import run_sweep
-from benchmarks.executors import LocalExecutor
-from benchmarks.stages import ORPHANED_TAG, PRETRAIN_EXPERIMENT, STATE_PATH
-from benchmarks.suite import config_hash, load_suite, stage1_hash
-from benchmarks.suite_schema import SuiteError
-from benchmarks.tracking import Tracker, read_json_artifact
+import benchmarks.running.sweep as runner
+import benchmarks.running.worker as worker
+from benchmarks.running.sweep import run_sweep
+from benchmarks.running.executors import LocalExecutor
+from benchmarks.running.stages import ORPHANED_TAG, PRETRAIN_EXPERIMENT, STATE_PATH
+from benchmarks.suite.spec import config_hash, load_suite, stage1_hash
+from benchmarks.suite.schema import SuiteError
+from benchmarks.store.tracking import Tracker, read_json_artifact
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiment
 from conftest import store
@@ -148,7 +148,7 @@ def test_stage1_runs_once_is_reused_and_reruns_once_when_its_artifact_is_deleted
     assert min(global_acc) > own_init.metrics["acc"] + 0.2  # trained weights, not the model's own init
 
     # the same sweep again: nothing to run, no stage 1; another suite naming the same stage 1 reuses it
-    # (--no-reuse: with reuse its four runs, the same configurations, would be copied, benchmarks.reuse)
+    # (--no-reuse: with reuse its four runs, the same configurations, would be copied, benchmarks.store.reuse)
     assert sweep(suite, tracker).pretrained_trained == 0
     other = sweep(write(tmp_path, "stages_b"), tracker, reuse=False)
     assert (other.finished, other.pretrained_trained, other.pretrained_reused) == (4, 0, 1)
@@ -263,8 +263,8 @@ class RemoteLike(LocalExecutor):
 
 
 def test_remote_workers_get_the_state_itself_not_a_local_path(tmp_path):
-    from benchmarks.stages import resolve_stage1
-    from benchmarks.worker import WorkerArgs
+    from benchmarks.running.stages import resolve_stage1
+    from benchmarks.running.worker import WorkerArgs
 
     tracker = Tracker(*store(tmp_path / "store"))
     specs = write(tmp_path).expand("paper")
@@ -310,7 +310,7 @@ def test_two_runners_on_one_store_train_the_shared_stage1_once(tmp_path):
 
 
 def test_a_method_without_a_global_model_cannot_be_a_stage1(tmp_path):
-    from benchmarks.stages import stage1_specs
+    from benchmarks.running.stages import stage1_specs
     from pfl_core.experiment import RunResult
 
     (spec,) = stage1_specs(write(tmp_path).expand("paper"))
@@ -329,9 +329,9 @@ def test_a_runner_that_loses_the_stage1_claim_waits_for_the_winners_state(tmp_pa
 
     from torch import nn
 
-    from benchmarks.claims import LEASE, OWNER, STATE, TICKET, this_owner
-    from benchmarks.stages import resolve_stage1
-    from benchmarks.worker import WorkerArgs
+    from benchmarks.store.claims import LEASE, OWNER, STATE, TICKET, this_owner
+    from benchmarks.running.stages import resolve_stage1
+    from benchmarks.running.worker import WorkerArgs
     from pfl_core.pretrained import state_of
 
     tracker = Tracker(*store(tmp_path / "store"))

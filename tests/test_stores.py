@@ -15,7 +15,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from benchmarks.stores import mask_uri, split_credentials
+from benchmarks.store.location import mask_uri, split_credentials
 from conftest import REPO_ROOT, tiny_suite_dict, write_suite
 
 SECRET = "s3cret-Pa55"

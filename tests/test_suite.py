@@ -7,8 +7,8 @@ import json
 import pytest
 import yaml
 
-from benchmarks.suite import config_hash, load_suite, parse_only
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import config_hash, load_suite, parse_only
+from benchmarks.suite.schema import SuiteError
 from pfl_core.algorithms import METHODS
 from pfl_core.data import DATASETS
 from pfl_core.models import MODELS

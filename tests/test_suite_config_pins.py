@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.packaged_suites import suite_names
-from benchmarks.suite import load_suite
+from benchmarks.suite.packaged import suite_names
+from benchmarks.suite.spec import load_suite
 
 PINS = Path(__file__).parent / "data" / "suite_config_hashes.json"
 

@@ -1,14 +1,14 @@
 """``extends``: a suite written over its paper's shared file loads to the same runs as the suite
-written out in full (benchmarks/suite_file.py), and a wrong shared file fails in one line."""
+written out in full (benchmarks/suite/file.py), and a wrong shared file fails in one line."""
 from __future__ import annotations
 
 import textwrap
 
 import pytest
 
-from benchmarks.suite import load_suite
-from benchmarks.suite_file import merge
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.file import merge
+from benchmarks.suite.schema import SuiteError
 
 SHARED = """\
 notes: ["shared note"]

@@ -1,4 +1,4 @@
-"""``like``: a grid value that states only how it differs from another (benchmarks/suite_file.py)
+"""``like``: a grid value that states only how it differs from another (benchmarks/suite/file.py)
 loads to the same runs, hashes and suite as the value written out in full; a wrong ``like`` fails
 in one line naming the file and the fix."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from benchmarks.suite import load_suite
-from benchmarks.suite_file import overlay, read_suite_file
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.file import overlay, read_suite_file
+from benchmarks.suite.schema import SuiteError
 
 HEAD = """\
 paper: demo

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.suite import load_suite
-from benchmarks.suite_schema import TOP_KEYS, SuiteError
+from benchmarks.suite.spec import load_suite
+from benchmarks.suite.schema import TOP_KEYS, SuiteError
 from bad_inputs import base_suite
 from conftest import write_suite
 from pfl_core.config import RunConfig, section_keys

@@ -4,7 +4,7 @@
   generated MNIST idx / CIFAR-10 pickles, into a tmp MLflow store and report folder;
 * every other suite: its smoke profile restricted with ``only=`` to one method on every cell of the
   other axes plus the paper's own method (CAFeMe / CGPFL) in one or two cells, through
-  :func:`benchmarks.runner.run_sweep` into a tmp SQLite store;
+  :func:`benchmarks.running.sweep.run_sweep` into a tmp SQLite store;
 * every suite's paper grid (cells x seeds) and published cells;
 * the published numbers in the suites against ``shared/specs/published-numbers.md``.
 
@@ -22,10 +22,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-import benchmarks.runner as runner
-from benchmarks.runner import run_sweep
-from benchmarks.suite import cell_id, load_suite
-from benchmarks.tracking import Tracker
+import benchmarks.running.sweep as runner
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.spec import cell_id, load_suite
+from benchmarks.store.tracking import Tracker
 from conftest import REPO_ROOT, store
 
 import fake_data

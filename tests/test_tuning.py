@@ -1,4 +1,4 @@
-"""Optuna tuning (benchmarks.tuning): real studies in a tmp SQLite file, a real MLflow store in
+"""Optuna tuning (benchmarks.tuning.tune): real studies in a tmp SQLite file, a real MLflow store in
 tmp_path, the tiny digits28 suite of conftest."""
 from __future__ import annotations
 
@@ -8,18 +8,18 @@ import optuna
 import pytest
 import yaml
 
-import benchmarks.runner as runner
-import benchmarks.tuning as tuning
-import benchmarks.tuning_study as tuning_study
-from benchmarks import mlflow_ui as ui
+import benchmarks.running.sweep as runner
+import benchmarks.tuning.tune as tuning
+import benchmarks.tuning.study as tuning_study
+from benchmarks.store import mlflow_ui as ui
 from benchmarks.cli import main
-from benchmarks.runner import run_sweep
-from benchmarks.search_spaces import NOTHING_TO_TUNE, NoSearchSpaceError, describe, get_space, suggest
-from benchmarks.suite import _apply, load_suite
-from benchmarks.suite_schema import SuiteError, validate_config
-from benchmarks.tracking import Tracker
-from benchmarks.tuning import tune, tuning_config
-from benchmarks.tuning_study import TuneError, TuneOptions
+from benchmarks.running.sweep import run_sweep
+from benchmarks.suite.search_spaces import NOTHING_TO_TUNE, NoSearchSpaceError, describe, get_space, suggest
+from benchmarks.suite.spec import _apply, load_suite
+from benchmarks.suite.schema import SuiteError, validate_config
+from benchmarks.store.tracking import Tracker
+from benchmarks.tuning.tune import tune, tuning_config
+from benchmarks.tuning.study import TuneError, TuneOptions
 from conftest import store, tiny_suite_dict, write_suite
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
@@ -72,7 +72,7 @@ def study_runs(mlstore, name):
 
 @pytest.fixture
 def no_git(monkeypatch):
-    import benchmarks.tracking as tracking
+    import benchmarks.store.tracking as tracking
 
     monkeypatch.setattr(tracking, "git_state", lambda: FAKE_GIT)
     monkeypatch.setattr(runner, "git_state", lambda: FAKE_GIT)
@@ -122,7 +122,7 @@ def test_spaces_follow_the_config_and_unknown_methods_fail_clearly():
 
 
 def test_a_method_without_tune_ranges_fails_clearly(monkeypatch):
-    import benchmarks.search_spaces as spaces
+    import benchmarks.suite.search_spaces as spaces
     from pfl_core.algorithms.base import Algorithm
     from pfl_core.fields import HyperParams
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
-import benchmarks.worker as worker
-from benchmarks.suite import load_suite
+import benchmarks.running.worker as worker
+from benchmarks.suite.spec import load_suite
 from pfl_core.data.offline import synthetic_draws
 
 from conftest import tiny_suite_dict, write_suite
@@ -19,10 +19,10 @@ from conftest import tiny_suite_dict, write_suite
 
 @pytest.mark.slow
 def test_a_worker_on_offline_data_imports_neither_mlflow_nor_torchvision():
-    """A spawned worker imports benchmarks.worker (the pickled execute_specs) and loads offline
+    """A spawned worker imports benchmarks.running.worker (the pickled execute_specs) and loads offline
     data: MLflow (the parent's business) and torchvision (real datasets only) stay unimported."""
     probe = (
-        "import sys; import benchmarks.worker; from pfl_core.data import load_dataset; "
+        "import sys; import benchmarks.running.worker; from pfl_core.data import load_dataset; "
         "load_dataset('digits28', split='train'); "
         "print(sorted(m for m in ('mlflow', 'torchvision', 'torch._dynamo', 'optuna') if m in sys.modules))"
     )

@@ -11,8 +11,8 @@ from benchmarks.reporting.figures import suite_figures
 from benchmarks.reporting.pdf import write_pdf
 from benchmarks.reporting.table import SuiteReport, build_suite_report
 from benchmarks.reporting.text import render_latex, render_markdown, tidy_csv
-from benchmarks.suite import Suite, load_suite
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import Suite, load_suite
+from benchmarks.store.tracking import Tracker
 from pfl_core.atomic_file import atomic_path, write_text
 
 REPORTS_DIR = Path("reports")
@@ -68,8 +68,8 @@ def write_report(suite: Suite, tracker: Tracker, profile: str = "paper", out_dir
 
 def paper_suites(paper: str, suites_dir: Path | None = None) -> list[Path]:
     """Every suite file of ``<suites_dir>/<paper>/`` (sorted); by default of the first folder of
-    :func:`benchmarks.packaged_suites.suite_folders` that has any (./suites, then the packaged)."""
-    from benchmarks.packaged_suites import suite_folders
+    :func:`benchmarks.suite.packaged.suite_folders` that has any (./suites, then the packaged)."""
+    from benchmarks.suite.packaged import suite_folders
 
     for folder in [Path(suites_dir)] if suites_dir else suite_folders():
         found = sorted((folder / paper).glob("*.yaml"))

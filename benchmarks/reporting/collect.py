@@ -3,9 +3,9 @@
 Runs are selected by config hash, not by tag: a run of an older version of the suite (edited since)
 is left out, and a run shared with another profile (same resolved config, skipped by the runner) is
 counted. A run re-executed after a failure appears twice; the newest per config hash is kept. A run
-copied from another suite of the store (:mod:`benchmarks.reuse`) carries its source run and
+copied from another suite of the store (:mod:`benchmarks.store.reuse`) carries its source run and
 experiment (``reused_from``, ``reused_from_experiment``; empty for a run computed here). A kept
-FINISHED run with an artifact cut short on disk is refused (:mod:`benchmarks.artifact_faults`).
+FINISHED run with an artifact cut short on disk is refused (:mod:`benchmarks.store.artifact_faults`).
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import math
 
 import pandas as pd
 
-from benchmarks.artifact_faults import refuse_damaged
+from benchmarks.store.artifact_faults import refuse_damaged
 from benchmarks.reporting.metric import MetricSpec
-from benchmarks.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
-from benchmarks.suite import RunSpec, Suite
-from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
+from benchmarks.store.reuse import SOURCE_EXPERIMENT, SOURCE_RUN
+from benchmarks.suite.spec import RunSpec, Suite
+from benchmarks.store.tracking import DATA_PROVENANCE_TAG, Tracker
 
 #: the run metric of a method's pretraining stage (:meth:`pfl_core.algorithms.base.Algorithm.pretraining_rounds`):
 #: best-validation selection skips the evaluations up to that round

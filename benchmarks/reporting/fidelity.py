@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from benchmarks.suite import stage1_hash
+from benchmarks.suite.spec import stage1_hash
 from pfl_core.algorithms import METHODS
 from pfl_core.config import FederationConfig
 from pfl_core.data import DATASETS
@@ -70,7 +70,7 @@ def warm_start(model: dict) -> list[str]:
 
 def pretrained(config: dict) -> list[str]:
     """``model.pretrained=fedavg on cifar10, seed 1, 500 rounds (stage 1 <hash>)`` when the run
-    starts from a stage-1 run (:mod:`benchmarks.stages`), ``model.pretrained=imagenet`` from weights."""
+    starts from a stage-1 run (:mod:`benchmarks.running.stages`), ``model.pretrained=imagenet`` from weights."""
     stage1 = (config.get("model") or {}).get("pretrained") or {}
     if not stage1:
         return []

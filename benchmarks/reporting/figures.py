@@ -158,7 +158,7 @@ def _curve_stats(report: SuiteReport, cell: str):
 
 def paper_curves(report: SuiteReport):
     """CAFeMe Fig. 4 form: per column, the seed-mean fine-tuning curve per method with ± bands."""
-    from benchmarks.suite import cell_id
+    from benchmarks.suite.spec import cell_id
 
     method = report.method_axis
     groups = _columns(report)

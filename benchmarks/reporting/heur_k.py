@@ -90,7 +90,7 @@ def first_round_costs(spec, device: str = "cpu", data_dir: str | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.suite import load_suite
+    from benchmarks.suite.spec import load_suite
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.reporting.heur_k", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from benchmarks.suite import Suite
-from benchmarks.suite_schema import SuiteError
+from benchmarks.suite.spec import Suite
+from benchmarks.suite.schema import SuiteError
 
 AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round", "max_over_rounds")
 FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg", "ari", "hyperparameters", "cluster_map", "cluster_map_all")

@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 
 from benchmarks.reporting.grid import panel_grid  # noqa: E402
 from benchmarks.reporting.stats import spread  # noqa: E402
-from benchmarks.tracking import Tracker, read_npz_artifact  # noqa: E402
+from benchmarks.store.tracking import Tracker, read_npz_artifact  # noqa: E402
 from pfl_core.analysis.personalization import (cluster_distance_map, layer_distribution, lr_sparsity,  # noqa: E402
                                                spectral_ari)
 
@@ -57,7 +57,7 @@ def collect(tracker: Tracker, runs: pd.DataFrame) -> dict[str, dict[int, dict]]:
 
 def ordered(report) -> list[tuple[str, str, dict[int, dict]]]:
     """(cell id, cell label, {seed: arrays}) in the suite grid's order, for cells with arrays."""
-    from benchmarks.suite import cell_id
+    from benchmarks.suite.spec import cell_id
 
     out = []
     for _, row in report.table.iterrows():
@@ -72,7 +72,7 @@ def ordered(report) -> list[tuple[str, str, dict[int, dict]]]:
 
 def ari_rows(report) -> list[dict]:
     """Per cell and quantity: our ARI per seed, mean and spread (the suite's pm/ddof), the paper's."""
-    from benchmarks.suite import cell_id
+    from benchmarks.suite.spec import cell_id
 
     paper = {(cell_id(e["cell"]), e["quantity"]): e for e in report.suite.published_quantities}
     rows = []

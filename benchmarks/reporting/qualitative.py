@@ -27,7 +27,7 @@ from sklearn.manifold import TSNE  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from benchmarks.reporting.grid import panel_grid  # noqa: E402
-from benchmarks.tracking import Tracker, read_npz_artifact  # noqa: E402
+from benchmarks.store.tracking import Tracker, read_npz_artifact  # noqa: E402
 
 #: figure kind -> (the analysis artifact it reads, its run metrics, its title in the report)
 KINDS = {
@@ -126,7 +126,7 @@ def dlg_panels(panels: dict[str, dict], title: str = ""):
 
 def ordered_panels(report) -> list[tuple[str, dict]]:
     """(cell label, panel) in the suite grid's order, for the cells that have one."""
-    from benchmarks.suite import cell_id
+    from benchmarks.suite.spec import cell_id
 
     out = []
     for _, row in report.table.iterrows():

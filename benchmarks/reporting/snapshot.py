@@ -5,7 +5,7 @@ later by the same report code, with no store and no rerun.
 A snapshot holds, per run, its tags (config hash, git commit, device, data provenance, ...), its
 final metrics and the metric histories its report reads, plus ``provenance``: what the exporter
 says about the whole (machine, command, wall-clock, data). :class:`SnapshotTracker` reads it back and
-answers the two questions the report asks of a :class:`benchmarks.tracking.Tracker` (the suite's
+answers the two questions the report asks of a :class:`benchmarks.store.tracking.Tracker` (the suite's
 runs; a run's metric history), so a snapshot renders exactly as the store it came from.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 from benchmarks.reporting.metric import metric_spec
 from pfl_core.atomic_file import write_text
-from benchmarks.suite import Suite
-from benchmarks.tracking import DATA_PROVENANCE_TAG, Tracker
+from benchmarks.suite.spec import Suite
+from benchmarks.store.tracking import DATA_PROVENANCE_TAG, Tracker
 
 FORMAT = 1
 
@@ -59,7 +59,7 @@ class _Metric:
 
 @dataclass
 class SnapshotTracker:
-    """A read-only stand-in for :class:`benchmarks.tracking.Tracker` over one snapshot file."""
+    """A read-only stand-in for :class:`benchmarks.store.tracking.Tracker` over one snapshot file."""
 
     suite_key: str
     provenance: dict

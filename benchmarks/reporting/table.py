@@ -18,8 +18,8 @@ from benchmarks.reporting.conclusions import Conclusion, column_conclusion
 from benchmarks.reporting.metric import MetricSpec, metric_spec
 from benchmarks.reporting.stats import last3_of_seed_mean_curve, sem, spread
 from benchmarks.reporting.verdict import Verdict, decide, label, paper_sem
-from benchmarks.suite import RunSpec, Suite, cell_id
-from benchmarks.tracking import Tracker
+from benchmarks.suite.spec import RunSpec, Suite, cell_id
+from benchmarks.store.tracking import Tracker
 
 
 @dataclass

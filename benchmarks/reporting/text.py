@@ -184,7 +184,7 @@ def code_reference_legend(report: SuiteReport) -> list[str]:
 
 def reuse_legend(report: SuiteReport) -> list[str]:
     """Which runs this suite did not compute: copies of another suite's runs of the same config hash
-    (:mod:`benchmarks.reuse`), grouped by source experiment, each cell with its seeds."""
+    (:mod:`benchmarks.store.reuse`), grouped by source experiment, each cell with its seeds."""
     runs = report.runs
     if runs.empty or "reused_from" not in runs:
         return []

@@ -17,7 +17,7 @@ Pure: numbers in, a :class:`Verdict` out. The rule, in order:
    ``reproduced`` when |d| <= bound (the edge counts as reproduced), else ``above`` or ``below``.
 
 The same rule compares ours with a second reference, a re-run of the authors' code
-(:mod:`benchmarks.code_reference`): its per-seed values are known, so its SE is their SEM (ddof 1)
+(:mod:`benchmarks.suite.code_reference`): its per-seed values are known, so its SE is their SEM (ddof 1)
 and its spread needs no conversion. :func:`label` puts the two verdicts into plain words.
 """
 from __future__ import annotations

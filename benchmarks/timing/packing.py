@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.suite import load_suite, parse_only
+from benchmarks.suite.spec import load_suite, parse_only
 
 
 @dataclass
@@ -35,8 +35,8 @@ class Packing:
 
 def sweep_once(suite, specs, jobs: int, device: str, data_dir: str | None) -> Packing:
     """Sweep ``specs`` with ``jobs`` workers on ``device`` into a fresh temporary store."""
-    from benchmarks.runner import run_sweep
-    from benchmarks.tracking import Tracker
+    from benchmarks.running.sweep import run_sweep
+    from benchmarks.store.tracking import Tracker
 
     previous = os.environ.get("PFL_JOBS_PER_DEVICE")
     os.environ["PFL_JOBS_PER_DEVICE"] = str(jobs)  # as pflbench run --jobs sets it

@@ -10,7 +10,7 @@ there are several) and the evaluation time, and projects the profile's total as
 
 A suite whose runs start from a stage-1 ``model.pretrained`` (FedL2P) also pays for its stage 1s:
 each distinct stage-1 configuration (by config hash) is timed and counted once, as the runner
-trains it once (:mod:`benchmarks.stages`); the stage-2 cells are timed from their model's own
+trains it once (:mod:`benchmarks.running.stages`); the stage-2 cells are timed from their model's own
 initialisation (:func:`pfl_core.pretrained.untrained`: the cost, not the accuracy, matters here).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from benchmarks.suite import load_suite, parse_only, stage1_hash
+from benchmarks.suite.spec import load_suite, parse_only, stage1_hash
 from pfl_core.config import RunConfig
 from pfl_core.experiment import EXECUTION_CHOICES, run_experiment
 from pfl_core.pretrained import untrained

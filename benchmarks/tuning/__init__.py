@@ -1,0 +1,1 @@
+"""Tuning: budget-matched Optuna studies on validation data."""
