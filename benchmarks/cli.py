@@ -9,7 +9,6 @@ import sys
 
 from benchmarks import __version__
 from benchmarks.suite.packaged import suite_names, suites_dir
-from benchmarks.reporting.commands import _tracker, cmd_report, cmd_snapshot, report_files
 from benchmarks.suite.spec import load_suite, parse_only
 from benchmarks.suite.schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
@@ -58,6 +57,27 @@ def _executor(args):
         return LocalExecutor(args.jobs, args.threads)
     return RayExecutor(args.jobs, args.threads, address=args.address, gpus_per_run=args.gpus_per_run,
                        max_retries=2 if args.max_retries is None else args.max_retries, device=args.device)
+
+
+def _tracker(args):
+    from benchmarks.store.tracking import Tracker  # MLflow is slow to import; only when needed
+
+    return Tracker(args.tracking_uri)
+
+
+def cmd_report(args, rendered: list | None = None) -> int:
+    """``pflbench report`` (:mod:`benchmarks.reporting.commands`; pandas and matplotlib load only here,
+    never in a ``--jobs`` worker, which imports this module)."""
+    from benchmarks.reporting.commands import cmd_report as report
+
+    return report(args, rendered)
+
+
+def cmd_snapshot(args) -> int:
+    """``pflbench snapshot`` (:mod:`benchmarks.reporting.commands`)."""
+    from benchmarks.reporting.commands import cmd_snapshot as snapshot
+
+    return snapshot(args)
 
 
 def cmd_run(args) -> int:
@@ -139,6 +159,8 @@ def sweep_and_report(args, suite, specs, tracker, executor) -> int:
     rc, rendered = 0, []
     if args.report:
         rc = cmd_report(argparse.Namespace(**{**vars(args), "suites": [args.suite]}), rendered)
+        from benchmarks.reporting.commands import report_files
+
         tracker.log_report(summary.parent_run_id, report_files(rendered, suite.key))
     from benchmarks.store.mlflow_ui import experiment_url, ui_base
 

@@ -376,7 +376,7 @@ def test_pool_ends_gracefully_without_leaked_semaphores(tmp_path, started):
               "    out = executor.map(bars.work, calls) if calls else []\n"
               "    print(sorted(r for _, r, _ in out))\n"
               "    executor.close()\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(runner.__file__).parents[1])])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(runner.__file__).parents[2])])}
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -406,5 +406,5 @@ def test_a_worker_process_imports_no_library_a_plain_run_does_not_use():
     code = ("import sys, benchmarks.cli, benchmarks.running.worker; "
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(worker.__file__).parents[1])
+                         cwd=Path(worker.__file__).parents[2])
     assert out.stdout.strip() == "", out.stdout
