@@ -85,7 +85,7 @@ def write_record(root: str | Path, spec: RunSpec, suite_meta: dict, outcome: dic
                           "do not hold; run it where the MLflow store is")
     body = {
         "format": FORMAT, "version": VERSION, "pflbench": __version__,
-        "spec": {k: v for k, v in asdict(spec).items()},
+        "spec": asdict(spec),
         "suite_meta": {"paper": suite_meta["paper"], "table": suite_meta.get("table", "")},
         "git": [git[0], bool(git[1])], "command": command,
         "tags": run_tags(spec, suite_meta, outcome, git, None, command),  # for readers; import recomputes them
