@@ -36,7 +36,9 @@ weighting: uniform, mix_with: global`` here. One difference is not emulated: tha
 interpolation v_bar of the client's last step across rounds, so the first step of a round takes
 v's gradient at alpha v + (1 - alpha) w_i(previous round) rather than at the new global model.
 The CGPFL paper describes APFL as mixing "with an adaptive weight" (Section 2), so the CGPFL suites
-keep the adaptive default and offer the fixed-alpha reading as the ``ditto_code_baselines`` profile.
+keep the adaptive default and offer the fixed-alpha reading as the ``ditto_code_baselines`` profile,
+and FedTorch's (fixed alpha, uniform mean, ``step_order: w_first``, ``mix_with: local``) as Table 1's
+``pfedme_code`` profile (docs/papers/cgpfl.md, code conventions).
 """
 from __future__ import annotations
 
