@@ -39,7 +39,12 @@ METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", 
                "select_metric", "tolerance", "figure", "x_axis", "sample_sd", "higher_is_better"}
 
 
-PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
+PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description", "metric"}
+
+
+PROFILE_METRIC_KEYS = {"aggregate", "also"}
+"""What a profile's ``metric`` may change: how the report aggregates the same runs (e.g. the pFedMe
+code's maximum over rounds as the headline), never which metric they log."""
 
 
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}

@@ -23,7 +23,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``seeds``: the seeds of the paper profile. A config value ``"${seed}"`` is replaced by the run
   seed (e.g. ``data.params.rotation_seed: "${seed}"``).
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
-  the base itself.
+  the base itself. A profile's ``metric`` (``aggregate``, ``also``) changes how its report
+  aggregates the runs (:meth:`Suite.metric_for`), not what they log.
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``, required: where the paper prints it; a value without one is a load error).
 * ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
@@ -70,7 +71,8 @@ from benchmarks.suite.code_reference import Checks, parse_code_reference
 from benchmarks.suite.file import read_suite_file
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
-from benchmarks.suite.schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISHED_KEYS, QUANTITY_KEYS,
+from benchmarks.suite.schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PROFILE_METRIC_KEYS, PUBLISHED_KEYS,
+                                     QUANTITY_KEYS,
                                      REQUIRED_KEYS, SCHEMA_KEYS, SuiteError, TOP_KEYS, check_cell,
                                      check_keys, check_label, check_marks, check_metric, check_overrides,
                                      check_placeholders, check_published_numbers, check_seeds, check_source,
@@ -225,6 +227,10 @@ class Suite:
         the report's keys (aggregate, tolerance, ...) are defaulted by benchmarks.reporting.metric."""
         raw = self.raw["metric"]
         return {"label": raw["key"], "scale": 1.0, "pm": "std", "ddof": 0, "averaging": "", **raw}
+
+    def metric_for(self, profile: str = "paper") -> dict:
+        """:attr:`metric` with the profile's ``metric`` keys (``aggregate``, ``also``) over it."""
+        return {**self.metric, **(self._profile(profile).get("metric") or {})}
 
     @property
     def profiles(self) -> list[str]:
@@ -384,6 +390,8 @@ def load_suite(path: str | Path) -> Suite:
     override_sections = [("overrides", raw.get("overrides"))]
     for name, prof in (raw.get("profiles") or {}).items():
         check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
+        if "metric" in (prof or {}):
+            check_keys(prof["metric"], PROFILE_METRIC_KEYS, f"{path}: profiles.{name}.metric")
         override_sections.append((f"profiles.{name}.overrides", (prof or {}).get("overrides")))
     for where, section in override_sections:
         check_overrides(section, axis_labels, f"{path}: {where}")
