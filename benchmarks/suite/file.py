@@ -26,6 +26,9 @@ axis (one that is itself ``like`` another is resolved first); in a shared file, 
 suite, with or without ``extends``, is read with its ``like`` values written out, so a suite's
 resolved configuration and hash do not depend on which way it was written.
 
+A profile may likewise start from another profile of the suite (``profiles: {<name>: {like:
+<other>, ...}}``, :mod:`benchmarks.suite.profile_like`), written out after the merge.
+
 Several files merge left to right, then the suite; a grid value defined in two of them must be the
 same (else the load fails naming both). A shared file may not ``extends`` another, nor
 hold ``paper``-level identity keys (``name``, ``table``, ``grid``, ``published``): what it holds
@@ -39,6 +42,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from benchmarks.suite.profile_like import like_sources, resolve_profile_likes
 from benchmarks.suite.schema import TOP_KEYS, SuiteError, check_keys
 from benchmarks.suite.yaml_file import YamlFileError, read_yaml
 
@@ -116,8 +120,10 @@ def read_suite_file(path: Path) -> dict:
     if not isinstance(raw, dict):
         raise SuiteError(f"{path}: expected a mapping of suite keys (paper, name, metric, base, grid, ...), "
                          f"got {type(raw).__name__}")
+    liked: dict[str, str] = {}  # profile -> the file stating its ``like``
     if "extends" not in raw:
-        return _with_likes(raw, path)
+        like_sources(raw, str(path), liked)
+        return resolve_profile_likes(_with_likes(raw, path), liked)
     merged: dict = {}
     named: dict = {}  # grid value label -> its set (whole, never merged across files)
     named_in: dict = {}
@@ -129,6 +135,8 @@ def read_suite_file(path: Path) -> dict:
                                  f"and {file.name}; give one of them another label")
             named[label], named_in[label] = value, file.name
         merged = merge(merged, shared)
+        like_sources(shared, str(file), liked)
+    like_sources(raw, str(path), liked)
     own = dict(raw)
     own.pop("extends")
     suite = merge(merged, own)
@@ -137,7 +145,7 @@ def read_suite_file(path: Path) -> dict:
         named = resolve_likes({label: (value.get("like"), value.get("set")) if "like" in value else (None, value)
                                for label, value in named.items()}, where, "a grid value of the shared files")
         suite["grid"] = _named_values(suite.get("grid"), named, path)
-    return _with_likes(suite, path)
+    return resolve_profile_likes(_with_likes(suite, path), liked)
 
 
 def _named_values(grid: Any, named: dict, path: Path) -> Any:

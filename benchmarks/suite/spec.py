@@ -23,7 +23,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``seeds``: the seeds of the paper profile. A config value ``"${seed}"`` is replaced by the run
   seed (e.g. ``data.params.rotation_seed: "${seed}"``).
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
-  the base itself.
+  the base itself. A profile ``like`` another starts from it (written out when the file is read:
+  :mod:`benchmarks.suite.profile_like`).
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``, required: where the paper prints it; a value without one is a load error).
 * ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
