@@ -32,8 +32,10 @@ A profile may likewise start from another profile of the suite (``profiles: {<na
 Several files merge left to right, then the suite; a grid value defined in two of them must be the
 same (else the load fails naming both). A shared file may not ``extends`` another, nor
 hold ``paper``-level identity keys (``name``, ``table``, ``grid``, ``published``): what it holds
-is checked with the suite, as if written there, so a shared override naming a label that some
-suite lacks fails when that suite is loaded. Config hashes are computed on the merged, resolved
+is checked with the suite, as if written there. Its overrides and marks may name any label of the
+paper, a suite's or a shared grid value; in each suite they apply to the labels it has (a condition
+is cut to them, an entry left with none is left out: :mod:`benchmarks.suite.shared_when`), and a
+label that is neither fails when the suite is loaded. Config hashes are computed on the merged, resolved
 configuration: moving a value into a shared file changes no hash (``tests/test_suite_config_pins.py``).
 """
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 
 from benchmarks.suite.profile_like import like_sources, resolve_profile_likes
 from benchmarks.suite.schema import TOP_KEYS, SuiteError, check_keys
+from benchmarks.suite.shared_when import fit_shared, suite_labels
 from benchmarks.suite.yaml_file import YamlFileError, read_yaml
 
 #: lists that a suite extends (shared entries first) instead of replacing
@@ -127,14 +130,16 @@ def read_suite_file(path: Path) -> dict:
     merged: dict = {}
     named: dict = {}  # grid value label -> its set (whole, never merged across files)
     named_in: dict = {}
-    for file in _shared_files(raw, path):
-        shared, values = _read_shared(file)
+    files = [(file, *_read_shared(file)) for file in _shared_files(raw, path)]
+    for file, _, values in files:
         for label, value in values.items():
             if label in named and named[label] != value:
                 raise SuiteError(f"{path}: extends: grid value {label!r} is defined differently in {named_in[label]} "
                                  f"and {file.name}; give one of them another label")
             named[label], named_in[label] = value, file.name
-        merged = merge(merged, shared)
+    labels = suite_labels(raw.get("grid"))
+    for file, shared, _ in files:
+        merged = merge(merged, fit_shared(shared, labels, set(named), file))
         like_sources(shared, str(file), liked)
     like_sources(raw, str(path), liked)
     own = dict(raw)

@@ -11,7 +11,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   max_over_rounds, ``also``: further aggregates shown as extra columns, ``curve_metric``,
   ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
   :mod:`benchmarks.reporting.metric`).
-* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
+* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping); none where
+  every cell's grid values state every section (FedL2P's settings: ``data``, ``model``, ...).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
   ``{label: ..., set: {dotted.key: value, ...}}``, or one that starts from another value of the axis
@@ -260,7 +261,7 @@ class Suite:
             cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
             if any(cell[axis] not in allowed for axis, allowed in only.items()):
                 continue
-            config = copy.deepcopy(self.raw["base"])
+            config = copy.deepcopy(self.raw.get("base") or {})
             origins = {key: f"{self.path}: base.{key}" for key in leaves(config)}
             for a, i in zip(self.axes, combo):
                 _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}", origins)
