@@ -1,5 +1,7 @@
 """Reading a suite file, with the defaults its paper's suites share (``extends``).
 
+A suite's ``name`` is its file's stem (``table1`` for ``table1.yaml``) unless it states another.
+
 A suite may begin with ``extends: _shared.yml`` (or a list of such files): YAML files beside it,
 named with a leading underscore and the ``.yml`` suffix so that no ``*.yaml`` glob takes them for
 suites, that hold what several suites of one paper state alike (notes, metric, base configuration,
@@ -123,6 +125,8 @@ def read_suite_file(path: Path) -> dict:
     if not isinstance(raw, dict):
         raise SuiteError(f"{path}: expected a mapping of suite keys (paper, name, metric, base, grid, ...), "
                          f"got {type(raw).__name__}")
+    if "name" not in raw:  # the file says it: table1.yaml is the suite table1
+        raw = {"name": Path(path).stem, **raw}
     liked: dict[str, str] = {}  # profile -> the file stating its ``like``
     if "extends" not in raw:
         like_sources(raw, str(path), liked)

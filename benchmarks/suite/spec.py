@@ -2,7 +2,8 @@
 
 A suite file (``suites/<paper>/<name>.yaml``) holds:
 
-* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
+* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces (``name``: the file's stem
+  unless stated).
 * ``extends``: shared files of the paper's suites merged under this one
   (:mod:`benchmarks.suite.file`: mappings merge, ``notes``/``overrides``/``marks`` lists extend).
 * ``metric``: which run metric is tabulated and how the paper averaged it
