@@ -32,7 +32,7 @@ OVERRIDE_KEYS = {"when", "set"}
 MARK_KEYS = {"when", "mark", "text"}
 
 
-REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
+REQUIRED_KEYS = {"paper", "name", "metric", "grid", "seeds"}
 
 
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",

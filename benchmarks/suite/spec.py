@@ -2,7 +2,8 @@
 
 A suite file (``suites/<paper>/<name>.yaml``) holds:
 
-* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
+* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces (``name``: the file's stem
+  unless stated).
 * ``extends``: shared files of the paper's suites merged under this one
   (:mod:`benchmarks.suite.file`: mappings merge, ``notes``/``overrides``/``marks`` lists extend).
 * ``metric``: which run metric is tabulated and how the paper averaged it
@@ -11,7 +12,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   max_over_rounds, ``also``: further aggregates shown as extra columns, ``curve_metric``,
   ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
   :mod:`benchmarks.reporting.metric`).
-* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
+* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping); none where
+  every cell's grid values state every section (FedL2P's settings: ``data``, ``model``, ...).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
   ``{label: ..., set: {dotted.key: value, ...}}``, or one that starts from another value of the axis
@@ -24,7 +26,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   seed (e.g. ``data.params.rotation_seed: "${seed}"``).
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
   the base itself. A profile's ``metric`` (``aggregate``, ``also``) changes how its report
-  aggregates the runs (:meth:`Suite.metric_for`), not what they log.
+  aggregates the runs (:meth:`Suite.metric_for`), not what they log. A profile ``like`` another
+  starts from it (written out when the file is read: :mod:`benchmarks.suite.profile_like`).
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``, required: where the paper prints it; a value without one is a load error).
 * ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
@@ -265,7 +268,7 @@ class Suite:
             cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
             if any(cell[axis] not in allowed for axis, allowed in only.items()):
                 continue
-            config = copy.deepcopy(self.raw["base"])
+            config = copy.deepcopy(self.raw.get("base") or {})
             origins = {key: f"{self.path}: base.{key}" for key in leaves(config)}
             for a, i in zip(self.axes, combo):
                 _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}", origins)
