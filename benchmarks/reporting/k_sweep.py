@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if not data:
         parser.error(f"no finished CGPFL-K<n> run in {args.snapshot}: snapshot the sweep's suite first")
     values, tolerance = published(Path(args.published))
+    order = list(dict.fromkeys(setting for setting, _ in values))  # the table's column order
+    data = dict(sorted(data.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = (f"# CGPFL accuracy against K (Figure 3(a)), from `{args.snapshot}`\n\n"
