@@ -465,3 +465,31 @@ def test_cgpfl_suites_run_the_baselines_with_their_codes_conventions(name):
         assert l2sgd and all(s.config["method"]["params"]["variant"] == "mean_regularized" for s in l2sgd)
         assert apfl and not any(s.config["method"]["params"]["adaptive_alpha"] for s in apfl)
         assert suite.metric["also"] == ["max_over_rounds"]
+
+
+@pytest.mark.slow
+def test_table1_pfedme_code_profile_runs_the_code_lineages_conventions():
+    """Profile pfedme_code (docs/papers/cgpfl.md, code conventions): Per-FedAvg scored after a step
+    at alpha and one at beta on the next test batches with the README's fine-tuned beta, FedTorch's
+    fixed-alpha APFL, the maximum over rounds as the headline; every other cell is the paper's run."""
+    from benchmarks.reporting.metric import metric_spec
+
+    suite = _load("table1")
+    paper = {(s.cell_id, s.seed): s for s in suite.expand("paper")}
+    beta = {"mnist-mlr": 0.003, "fmnist-mlr": 0.003, "mnist-dnn": 0.001, "fmnist-dnn": 0.001, "cifar10-cnn": 0.001}
+    for spec in suite.expand("pfedme_code"):
+        params, evaluation = spec.config["method"]["params"], spec.config["evaluation"]["params"]
+        assert spec.config["federation"]["eval_every"] == 1
+        if spec.method == "perfedavg":
+            alpha = params["alpha"]
+            assert params["beta"] == beta[spec.cell["setting"]]
+            assert evaluation["steps"] == 2 and evaluation["step_lrs"] == [alpha, params["beta"]]
+            assert (evaluation["adapt_split"], evaluation["adapt_batches"]) == ("evaluated", "continue")
+        elif spec.method == "apfl":
+            assert (params["adaptive_alpha"], params["alpha_init"], params["weighting"]) == (False, 0.5, "uniform")
+            assert (params["step_order"], params["mix_with"]) == ("w_first", "local")
+        else:
+            assert spec.config_hash == paper[(spec.cell_id, spec.seed)].config_hash
+    metric = metric_spec(suite, "pfedme_code")
+    assert (metric.aggregate, metric.also) == ("max_over_rounds", ("final",))
+    assert metric_spec(suite).aggregate == "final"

@@ -215,6 +215,70 @@ def test_apfl_state_over_several_rounds():
     assert len({round(a, 6) for a in alpha.values()}) == 3  # alpha_i adapted, per client
 
 
+def reference_apfl(model, fed, init, rounds, lr, steps, alpha_update, penalty, w_first, adaptive=True):
+    """APFL by hand, one loop (sample-weighted mean of the w_i). ``every_step``: alpha moves at
+    every step by <v - w, G> + penalty * alpha at the step's start; ``once_a_round``: at the first
+    step only, after it, by FedTorch's alpha_update (fedtorch/comms/utils/flow_utils.py L240-250):
+    <v' - w', a g_v + (1 - a) g_w> + penalty * a with g_v = a G, g_w = (1 - a) G. ``w_first``: v's
+    gradient at the mixture with the stepped w (FedTorch apfl.py L95-116)."""
+    glob = dict(init)
+    v = {cid: dict(init) for cid in fed.train_clients}
+    alpha = {cid: 0.5 for cid in fed.train_clients}
+    for _ in range(rounds):
+        uploads, sizes = {}, {}
+        for cid in fed.train_clients:
+            x, y = train_data(fed, cid)
+            w, a = dict(glob), alpha[cid]
+            for step in range(steps):
+                gw = grad(model, w, x, y)
+                new_w = {k: w[k] - lr * gw[k] for k in w}
+                mixed = {k: a * v[cid][k] + (1 - a) * (new_w if w_first else w)[k] for k in w}
+                gm = grad(model, mixed, x, y)
+                new_v = {k: v[cid][k] - lr * a * gm[k] for k in w}
+                if adaptive and alpha_update == "every_step":
+                    dot = float(sum(((v[cid][k] - w[k]) * gm[k]).sum() for k in w))
+                    a = min(1.0, max(0.0, a - lr * (dot + penalty * a)))
+                elif adaptive and step == 0:
+                    g_alpha = float(sum(((new_v[k] - new_w[k]) * (a * (a * gm[k]) + (1 - a) * ((1 - a) * gm[k]))).sum()
+                                        for k in w))
+                    a = min(1.0, max(0.0, a - lr * (g_alpha + penalty * a)))
+                w, v[cid] = new_w, new_v
+            uploads[cid], sizes[cid], alpha[cid] = w, len(y), a
+        total = sum(sizes.values())
+        glob = {k: sum(sizes[c] / total * uploads[c][k] for c in uploads) for k in glob}
+    return glob, v, alpha
+
+
+@pytest.mark.parametrize("alpha_update,penalty,step_order,adaptive", [
+    ("every_step", 0.02, "simultaneous", True),   # guards alpha_penalty under every_step
+    ("once_a_round", 0.0, "simultaneous", True),  # guards once_a_round and FedTorch's factor
+    ("once_a_round", 0.02, "w_first", True),      # FedTorch's APFL in full (adaptive)
+    ("every_step", 0.0, "w_first", False),        # guards step_order with a fixed alpha
+])
+def test_apfl_fedtorch_switches_follow_the_hand_rules(alpha_update, penalty, step_order, adaptive):
+    """APFL's alpha_update, alpha_penalty and step_order against :func:`reference_apfl` over three
+    rounds of three local steps (v_i, alpha_i, the server model and the personalized predictor)."""
+    fed = tiny_federation(sizes=(6, 9, 5))
+    torch.manual_seed(1)
+    model = build_model("mlr", (3,), 3)
+    init = model_params(model)
+    lr, steps, rounds = 0.3, 3, 3
+    alg = make_method("apfl", model, lr=lr, local_steps=steps, alpha_init=0.5, adaptive_alpha=adaptive,
+                      alpha_update=alpha_update, alpha_penalty=penalty, step_order=step_order)
+    result = federate(alg, fed, init, rounds=rounds)
+    glob, v, alpha = reference_apfl(model, fed, init, rounds, lr, steps, alpha_update, penalty,
+                                    step_order == "w_first", adaptive)
+    assert close(result.server["params"], glob)
+    for cid in fed.train_clients:
+        state = result.contexts[cid].state
+        assert float(state["alpha"]) == pytest.approx(alpha[cid], abs=1e-6)
+        assert close(state["v"], v[cid])
+        expected = {k: alpha[cid] * v[cid][k] + (1 - alpha[cid]) * glob[k] for k in glob}
+        assert close(alg.predictor(result.server, result.contexts[cid]), expected)
+    if adaptive:
+        assert len({round(a, 6) for a in alpha.values()}) == 3  # alpha_i adapted, per client
+
+
 # ---------------------------------------------------------------- Ditto, as the Ditto authors' code steps it
 def test_ditto_interleaved_steps_personal_and_global_on_the_same_batch():
     """Ditto code (litian96/ditto): per iteration one batch, personal prox step then global SGD step

@@ -155,6 +155,8 @@ CASES = {
     "apfl": ("apfl", {"lr": 0.2, "local_steps": 3}, dnn, flat_federation),
     "apfl-fixed-alpha": ("apfl", {"lr": 0.2, "local_steps": 2, "adaptive_alpha": False, "mix_with": "local"}, dnn,
                          flat_federation),
+    "apfl-fedtorch": ("apfl", {"lr": 0.2, "local_steps": 3, "alpha_update": "once_a_round", "alpha_penalty": 0.02,
+                               "step_order": "w_first"}, dnn, flat_federation),
     # clients_per_round 0: the federation's 3 (pFedHN's own default is 1, which never stacks)
     "pfedhn": ("pfedhn", {"inner_steps": 2, "inner_lr": 0.1, "clients_per_round": 0, "embed_dim": 3,
                           "hidden_dim": 8, "n_hidden": 1}, dnn, flat_federation),

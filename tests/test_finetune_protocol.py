@@ -157,9 +157,9 @@ def test_a_val_split_evaluation_keeps_the_run_seed(cifar_dir):
     seen = []
 
     class Recording(FinetunePretrained):
-        def _evaluate(self, algorithm, server, contexts, executor=None):
+        def _evaluate(self, algorithm, server, contexts, executor=None, evaluated_round=1):
             seen.append((self.seed, self.test_split, self.finetune_splits))
-            return super()._evaluate(algorithm, server, contexts, executor)
+            return super()._evaluate(algorithm, server, contexts, executor, evaluated_round)
 
     from pfl_core.federation import make_contexts
 

@@ -247,7 +247,7 @@ def test_markdown_one_row_per_cell_with_seed_counts_and_verdicts(reported):
     for key, cells in rows.items():
         if key == tuple(FAIL_CELL.values()):
             assert cells[0] == f"{n - 1}/{n} (1 failed)"
-            assert cells[-1].startswith(f"partial {n - 1}/{n} (no reference)")
+            assert cells[-1].startswith(f"partial one seed of {n} (no reference)" if n == 2 else f"partial {n - 1}/{n} (no reference)")
         else:
             assert cells[0] == f"{n}/{n}"
             assert cells[-1] in ("reproduced", "above", "below", "no reference")
@@ -374,7 +374,7 @@ def test_every_verdict_reached_on_the_hand_made_store(reported):
     assert verdicts == {("dir", "local"): "reproduced", ("dir", "fedavg"): "above", ("dir", "fedavg_ft"): "below",
                         ("iid", "local"): "partial", ("iid", "fedavg"): "failed", ("iid", "fedavg_ft"): "not run"}
     partial = row_of(table, "iid", "local")
-    assert partial["verdict_detail"] == "1/2 (reproduced)" and partial["rule"] == "2SE*"  # 60 vs 61 +- 2 std
+    assert partial["verdict_detail"] == "one seed of 2 (within the bound)" and partial["rule"] == "2SE*"  # 60 vs 61 +- 2 std
     assert "hand-made nan" in row_of(table, "iid", "fedavg")["verdict_detail"]
     text = reported["hand_pdf"].suites[0].md.read_text()
     for word in ("reproduced", "above", "below", "partial", "failed", "not run"):
@@ -470,7 +470,7 @@ def test_pdf_of_a_smoke_profile_has_the_notice_on_every_page(reported):
     suite = reported["suite"]
     assert suite.raw["table"] in body and squash(suite.raw["caption"]) in body
     assert "50.00 ± 1.50" in body and "30.00 ± 2.00" in body  # published numbers
-    assert "partial 1/2" in body and "diverged: injected" in body
+    assert "partial one seed of 2" in body and "diverged: injected" in body
     assert "ours vs paper" in body and "difference to the paper" in body
     assert "fidelity switches" in body and "method.lr=0.05 (default 0.001)" in body
     assert "exact setup" in body and "clients_per_round: 3" in body
@@ -654,7 +654,7 @@ def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
     assert f"hand/bestval 6 1 1 0 0 0 3 1 0 {holds[1]}" in hand  # dir/fedavg_ft ran, no published number
     assert "all 12 2 2 1 1 1 4 1 0" in hand
     for line in ("4 x not run", "1 x no reference", "2 x reproduces the paper", "2 x above the paper", "1 x below the paper",
-                 "1 x partial 1/2: reproduces the paper", "1 x failed",
+                 "1 x one seed of 2 (a spot check): within the paper's bound", "1 x failed",
                  "no table has a code reference: the labels read the paper only",
                  "hand/curves: dir n/a (3 methods); iid n/a (1 method)", "Switches in force"):
         assert line in hand, line

@@ -65,3 +65,35 @@ def test_max_over_rounds_as_the_main_aggregate_and_a_bad_also(isolated):
     bad = load_suite(write_suite(isolated / "suites" / "hand" / "bad.yaml", suite_dict(also=["best_round"])))
     with pytest.raises(SuiteError, match="also"):
         metric_spec(bad)
+
+
+def test_a_profile_can_make_max_over_rounds_the_headline(isolated):
+    """profiles.<name>.metric (aggregate, also): the profile's report aggregates the same kind of
+    runs by the maximum over rounds and shows the last round beside it; the paper profile's
+    report is unchanged; a profile metric key other than aggregate/also is refused."""
+    data = suite_dict(aggregate="final", also=["max_over_rounds"])
+    data["profiles"]["best"] = {"description": "pFedMe code's reading", "set": {"federation.rounds": 3},
+                                "metric": {"aggregate": "max_over_rounds", "also": ["final"]}}
+    suite = load_suite(write_suite(isolated / "suites" / "hand" / "maxround.yaml", data))
+    from benchmarks.reporting.metric import metric_spec
+    from benchmarks.reporting.snapshot import history_keys
+
+    assert metric_spec(suite).aggregate == "final" and metric_spec(suite, "best").aggregate == "max_over_rounds"
+    assert metric_spec(suite, "best").also == ("final",)
+    assert history_keys(suite) == ["round/acc_weighted"]
+    tracker = Tracker(*store(isolated / "store"))
+    for spec in suite.expand("best", only={"setting": ["dir"], "method": ["fedavg"]}):
+        rows = [{"round": r + 1, "train_loss": 1.0, "acc_weighted": a} for r, a in enumerate(HISTORY[spec.seed])]
+        tracker.log(spec, {"paper": suite.paper, "table": suite.raw["table"]},
+                    {"started": 1.0, "ended": 2.0, "info": {"device": "cpu"}, "history": rows,
+                     "metrics": {"acc_weighted": rows[-1]["acc_weighted"]}}, ("c0ffee", False))
+    md, csv, _ = write_report(suite, tracker, "best", isolated / "reports")
+    row = pd.read_csv(csv).query("setting == 'dir' and method == 'fedavg'").iloc[0]
+    best = [100 * max(h) for h in HISTORY.values()]
+    last = [100 * h[-1] for h in HISTORY.values()]
+    assert row["mean"] == pytest.approx(np.mean(best)) and row["pm"] == pytest.approx(np.std(best))
+    assert row["mean_final"] == pytest.approx(np.mean(last))
+    assert "| ours | ours (final) | paper |" in md.read_text()
+    data["profiles"]["best"]["metric"] = {"aggregate": "max_over_rounds", "key": "acc"}
+    with pytest.raises(SuiteError, match=r"profiles\.best\.metric"):
+        load_suite(write_suite(isolated / "suites" / "hand" / "bad.yaml", data))

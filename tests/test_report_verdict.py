@@ -80,8 +80,18 @@ def test_partial_keeps_the_provisional_comparison():
     v = decide(finished=1, expected=3, failed=2, ours=60.0, se_ours=NAN, paper=50.0, se_paper=1.0,
                failure_reason="diverged: nan")
     assert v.verdict == V.PARTIAL
-    assert v.detail.startswith("1/3 (above)") and "2 failed: diverged: nan" in v.detail
+    assert v.detail.startswith("one seed of 3 (above)") and "2 failed: diverged: nan" in v.detail
     assert decide(finished=2, expected=3, paper=None).detail == "2/3 (no reference)"
+
+
+def test_one_seed_is_a_spot_check_never_reproduced():
+    v = decide(finished=1, expected=3, ours=50.5, se_ours=NAN, paper=50.0, se_paper=1.0)
+    assert v.verdict == V.PARTIAL and v.compared == V.REPRODUCED
+    assert v.detail == "one seed of 3 (within the bound)"
+    assert V.label(v) == "one seed of 3 (a spot check): within the paper's bound"
+    assert "reproduc" not in V.label(v)
+    two = decide(finished=2, expected=3, ours=50.5, se_ours=0.1, paper=50.0, se_paper=1.0)
+    assert two.detail == "2/3 (reproduced)" and V.label(two) == "partial 2/3: reproduces the paper"
 
 
 def test_failed_not_run_and_no_reference():

@@ -166,3 +166,9 @@ def test_pflbench_show_prints_the_merged_suite_and_one_runs_config(tmp_path, cap
     assert f"config hash {spec.config_hash}" in out and yaml.safe_load(out)["method"]["params"]["mu"] == 0.125
     assert main(["show", str(path)] + ["--only", "method=ditto,fedavg"]) == 2
     assert "selects 2 cells" in capsys.readouterr().err
+
+
+def test_a_suites_name_is_its_files_stem_unless_stated(tmp_path):
+    write(tmp_path, "_shared.yml", SHARED)
+    assert load_suite(write(tmp_path, "table9.yaml", "extends: _shared.yml\n" + OWN.replace("name: t\n", ""))).key == "demo/table9"
+    assert load_suite(write(tmp_path, "other.yaml", "extends: _shared.yml\n" + OWN)).key == "demo/t"

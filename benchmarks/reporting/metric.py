@@ -89,10 +89,11 @@ class MetricSpec:
         return f"{how}; ours shown as mean ± {self.pm} (ddof={self.ddof}), the paper's convention{also}"
 
 
-def metric_spec(suite: Suite) -> MetricSpec:
-    """Read and check ``suite.metric``; a bad value raises SuiteError naming file and key."""
-    raw = suite.metric
-    where = f"{suite.path}: metric"
+def metric_spec(suite: Suite, profile: str = "paper") -> MetricSpec:
+    """Read and check ``suite.metric`` as ``profile`` reports it (its ``metric`` keys over the
+    suite's: :meth:`Suite.metric_for`); a bad value raises SuiteError naming file and key."""
+    raw = suite.metric_for(profile)
+    where = f"{suite.path}: metric" + (f" (profile {profile})" if profile != "paper" else "")
     if raw.get("aggregate", "final") not in AGGREGATES:
         raise SuiteError(f"{where}.aggregate: {raw['aggregate']!r}; allowed: {list(AGGREGATES)}")
     if raw.get("figure", "table") not in FIGURES:

@@ -24,10 +24,13 @@ FORMAT = 1
 
 
 def history_keys(suite: Suite) -> list[str]:
-    """The metric histories a suite's report reads (:func:`benchmarks.reporting.collect.collect_runs`)."""
-    metric = metric_spec(suite)
-    extra = (metric.curve_metric,) if metric.figure == "curves" else ()
-    return list(dict.fromkeys([*metric.history_keys, *extra]))
+    """The metric histories a suite's reports read (:func:`benchmarks.reporting.collect.collect_runs`),
+    over every profile (a profile's ``metric`` may aggregate otherwise)."""
+    keys = []
+    for profile in suite.profiles:
+        metric = metric_spec(suite, profile)
+        keys += [*metric.history_keys, *((metric.curve_metric,) if metric.figure == "curves" else ())]
+    return list(dict.fromkeys(keys))
 
 
 def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None) -> int:

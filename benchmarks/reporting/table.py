@@ -173,7 +173,7 @@ def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame,
 
 def build_suite_report(suite: Suite, tracker: Tracker, profile: str = "paper") -> SuiteReport:
     """Collect the suite's runs of ``profile`` from the store and compute every cell."""
-    metric = metric_spec(suite)
+    metric = metric_spec(suite, profile)
     extra = (metric.curve_metric,) if metric.figure == "curves" else ()
     specs = suite.expand(profile)
     runs = collect_runs(suite, tracker, profile, metric, extra, specs)

@@ -1,5 +1,7 @@
 """Reading a suite file, with the defaults its paper's suites share (``extends``).
 
+A suite's ``name`` is its file's stem (``table1`` for ``table1.yaml``) unless it states another.
+
 A suite may begin with ``extends: _shared.yml`` (or a list of such files): YAML files beside it,
 named with a leading underscore and the ``.yml`` suffix so that no ``*.yaml`` glob takes them for
 suites, that hold what several suites of one paper state alike (notes, metric, base configuration,
@@ -26,11 +28,16 @@ axis (one that is itself ``like`` another is resolved first); in a shared file, 
 suite, with or without ``extends``, is read with its ``like`` values written out, so a suite's
 resolved configuration and hash do not depend on which way it was written.
 
+A profile may likewise start from another profile of the suite (``profiles: {<name>: {like:
+<other>, ...}}``, :mod:`benchmarks.suite.profile_like`), written out after the merge.
+
 Several files merge left to right, then the suite; a grid value defined in two of them must be the
 same (else the load fails naming both). A shared file may not ``extends`` another, nor
 hold ``paper``-level identity keys (``name``, ``table``, ``grid``, ``published``): what it holds
-is checked with the suite, as if written there, so a shared override naming a label that some
-suite lacks fails when that suite is loaded. Config hashes are computed on the merged, resolved
+is checked with the suite, as if written there. Its overrides and marks may name any label of the
+paper, a suite's or a shared grid value; in each suite they apply to the labels it has (a condition
+is cut to them, an entry left with none is left out: :mod:`benchmarks.suite.shared_when`), and a
+label that is neither fails when the suite is loaded. Config hashes are computed on the merged, resolved
 configuration: moving a value into a shared file changes no hash (``tests/test_suite_config_pins.py``).
 """
 from __future__ import annotations
@@ -39,7 +46,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from benchmarks.suite.profile_like import like_sources, resolve_profile_likes
 from benchmarks.suite.schema import TOP_KEYS, SuiteError, check_keys
+from benchmarks.suite.shared_when import fit_shared, suite_labels
 from benchmarks.suite.yaml_file import YamlFileError, read_yaml
 
 #: lists that a suite extends (shared entries first) instead of replacing
@@ -116,19 +125,27 @@ def read_suite_file(path: Path) -> dict:
     if not isinstance(raw, dict):
         raise SuiteError(f"{path}: expected a mapping of suite keys (paper, name, metric, base, grid, ...), "
                          f"got {type(raw).__name__}")
+    if "name" not in raw:  # the file says it: table1.yaml is the suite table1
+        raw = {"name": Path(path).stem, **raw}
+    liked: dict[str, str] = {}  # profile -> the file stating its ``like``
     if "extends" not in raw:
-        return _with_likes(raw, path)
+        like_sources(raw, str(path), liked)
+        return resolve_profile_likes(_with_likes(raw, path), liked)
     merged: dict = {}
     named: dict = {}  # grid value label -> its set (whole, never merged across files)
     named_in: dict = {}
-    for file in _shared_files(raw, path):
-        shared, values = _read_shared(file)
+    files = [(file, *_read_shared(file)) for file in _shared_files(raw, path)]
+    for file, _, values in files:
         for label, value in values.items():
             if label in named and named[label] != value:
                 raise SuiteError(f"{path}: extends: grid value {label!r} is defined differently in {named_in[label]} "
                                  f"and {file.name}; give one of them another label")
             named[label], named_in[label] = value, file.name
-        merged = merge(merged, shared)
+    labels = suite_labels(raw.get("grid"))
+    for file, shared, _ in files:
+        merged = merge(merged, fit_shared(shared, labels, set(named), file))
+        like_sources(shared, str(file), liked)
+    like_sources(raw, str(path), liked)
     own = dict(raw)
     own.pop("extends")
     suite = merge(merged, own)
@@ -137,7 +154,7 @@ def read_suite_file(path: Path) -> dict:
         named = resolve_likes({label: (value.get("like"), value.get("set")) if "like" in value else (None, value)
                                for label, value in named.items()}, where, "a grid value of the shared files")
         suite["grid"] = _named_values(suite.get("grid"), named, path)
-    return _with_likes(suite, path)
+    return resolve_profile_likes(_with_likes(suite, path), liked)
 
 
 def _named_values(grid: Any, named: dict, path: Path) -> Any:

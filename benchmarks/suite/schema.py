@@ -32,14 +32,19 @@ OVERRIDE_KEYS = {"when", "set"}
 MARK_KEYS = {"when", "mark", "text"}
 
 
-REQUIRED_KEYS = {"paper", "name", "metric", "base", "grid", "seeds"}
+REQUIRED_KEYS = {"paper", "name", "metric", "grid", "seeds"}
 
 
 METRIC_KEYS = {"key", "label", "scale", "averaging", "pm", "ddof", "aggregate", "also", "curve_metric",
                "select_metric", "tolerance", "figure", "x_axis", "sample_sd", "higher_is_better"}
 
 
-PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description"}
+PROFILE_KEYS = {"seeds", "set", "methods", "overrides", "description", "metric"}
+
+
+PROFILE_METRIC_KEYS = {"aggregate", "also"}
+"""What a profile's ``metric`` may change: how the report aggregates the same runs (e.g. the pFedMe
+code's maximum over rounds as the headline), never which metric they log."""
 
 
 PUBLISHED_KEYS = {"cell", "mean", "pm", "pm_kind", "runs", "source"}

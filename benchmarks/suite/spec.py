@@ -2,7 +2,8 @@
 
 A suite file (``suites/<paper>/<name>.yaml``) holds:
 
-* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces.
+* ``paper``, ``name``, ``table``, ``caption``: what the suite reproduces (``name``: the file's stem
+  unless stated).
 * ``extends``: shared files of the paper's suites merged under this one
   (:mod:`benchmarks.suite.file`: mappings merge, ``notes``/``overrides``/``marks`` lists extend).
 * ``metric``: which run metric is tabulated and how the paper averaged it
@@ -11,7 +12,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   max_over_rounds, ``also``: further aggregates shown as extra columns, ``curve_metric``,
   ``select_metric``, ``tolerance``, ``figure``, ``x_axis``; see
   :mod:`benchmarks.reporting.metric`).
-* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping).
+* ``base``: a run configuration (:class:`pfl_core.config.RunConfig` as a mapping); none where
+  every cell's grid values state every section (FedL2P's settings: ``data``, ``model``, ...).
 * ``grid``: a list of axes. Each axis has a ``name`` and ``values``; a value is either a scalar
   assigned to the axis's ``key`` (a dotted config key, e.g. ``method.name``) or a mapping
   ``{label: ..., set: {dotted.key: value, ...}}``, or one that starts from another value of the axis
@@ -23,7 +25,9 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
 * ``seeds``: the seeds of the paper profile. A config value ``"${seed}"`` is replaced by the run
   seed (e.g. ``data.params.rotation_seed: "${seed}"``).
 * ``profiles``: named overrides (``seeds``, ``set``, ``methods``, ``overrides``); ``paper`` is
-  the base itself.
+  the base itself. A profile's ``metric`` (``aggregate``, ``also``) changes how its report
+  aggregates the runs (:meth:`Suite.metric_for`), not what they log. A profile ``like`` another
+  starts from it (written out when the file is read: :mod:`benchmarks.suite.profile_like`).
 * ``published``: the paper's numbers per cell (``cell``, ``mean``, ``pm``, ``pm_kind``, ``runs``,
   ``source``, required: where the paper prints it; a value without one is a load error).
 * ``published_quantities``: the paper's values of per-cell quantities other than the tabulated
@@ -70,7 +74,8 @@ from benchmarks.suite.code_reference import Checks, parse_code_reference
 from benchmarks.suite.file import read_suite_file
 from pfl_core.algorithms import METHODS
 from pfl_core.config import RunConfig
-from benchmarks.suite.schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PUBLISHED_KEYS, QUANTITY_KEYS,
+from benchmarks.suite.schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PROFILE_METRIC_KEYS, PUBLISHED_KEYS,
+                                     QUANTITY_KEYS,
                                      REQUIRED_KEYS, SCHEMA_KEYS, SuiteError, TOP_KEYS, check_cell,
                                      check_keys, check_label, check_marks, check_metric, check_overrides,
                                      check_placeholders, check_published_numbers, check_seeds, check_source,
@@ -226,6 +231,10 @@ class Suite:
         raw = self.raw["metric"]
         return {"label": raw["key"], "scale": 1.0, "pm": "std", "ddof": 0, "averaging": "", **raw}
 
+    def metric_for(self, profile: str = "paper") -> dict:
+        """:attr:`metric` with the profile's ``metric`` keys (``aggregate``, ``also``) over it."""
+        return {**self.metric, **(self._profile(profile).get("metric") or {})}
+
     @property
     def profiles(self) -> list[str]:
         return ["paper", *sorted(self.raw.get("profiles") or {})]
@@ -259,7 +268,7 @@ class Suite:
             cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
             if any(cell[axis] not in allowed for axis, allowed in only.items()):
                 continue
-            config = copy.deepcopy(self.raw["base"])
+            config = copy.deepcopy(self.raw.get("base") or {})
             origins = {key: f"{self.path}: base.{key}" for key in leaves(config)}
             for a, i in zip(self.axes, combo):
                 _apply(config, a.settings[i], f"{self.path}: grid.{a.name}={a.labels[i]}", origins)
@@ -384,6 +393,8 @@ def load_suite(path: str | Path) -> Suite:
     override_sections = [("overrides", raw.get("overrides"))]
     for name, prof in (raw.get("profiles") or {}).items():
         check_keys(prof or {}, PROFILE_KEYS, f"{path}: profiles.{name}")
+        if "metric" in (prof or {}):
+            check_keys(prof["metric"], PROFILE_METRIC_KEYS, f"{path}: profiles.{name}.metric")
         override_sections.append((f"profiles.{name}.overrides", (prof or {}).get("overrides")))
     for where, section in override_sections:
         check_overrides(section, axis_labels, f"{path}: {where}")

@@ -18,6 +18,17 @@ Server: uniform mean. At evaluation the code does not run Per-FedAvg's one-step 
 ``perfl_eval`` is the common protocol (SGD at ``lr_ft`` over all parameters, decayed x0.8 every 5
 steps, 50 steps), so ``finetune_at_eval`` is True and alpha plays no role at test time.
 
+The pFedMe code (CharlieDinh/pFedMe, on which CGPFL's setup builds; docs/papers/cgpfl.md) evaluates
+Per-FedAvg otherwise: before each round's training every client takes one SGD step at its learning
+rate (alpha) and a second at beta, each on its next *test* batch of the training batch size, is
+scored, then restored (``FLAlgorithms/users/userperavg.py`` L73-88; ``evaluate_one_step``,
+``FLAlgorithms/servers/serverbase.py`` L241-262, called at ``serverperavg.py`` L48). The evaluation
+protocol's switches reproduce it: ``evaluation.params: {steps: 2, step_lrs: [alpha, beta],
+adapt_split: evaluated, adapt_batches: continue}`` (:class:`pfl_core.evaluation.EvalConfig`;
+``adapt_split: evaluated`` is a leak, never a default). That code's Per-FedAvg *training* is first
+order (``userperavg.py`` L39-71, ``variant: fo``); the CGPFL suites keep the HF update the paper
+names.
+
 FedL2P stage 1 (PerFedAvg(HF) pretraining of Table 1; docs/papers/fedl2p.md): with a model that keeps BN
 state (KLD-BN ResNet, beta 1 = plain BatchNorm) every
 train-mode forward of an iteration updates the running statistics, in order, as one BatchNorm

@@ -9,7 +9,8 @@
 
 :mod:`.protocol` is the contract (:class:`Protocol`), :mod:`.config` the shared settings,
 :mod:`.results` what a protocol returns; :mod:`.sequential` and :mod:`.batched` are the two
-execution paths of the fine-tune-and-test loop. Every module of this package is imported here, so
+execution paths of the fine-tune-and-test loop, :mod:`.adaptation` which batches its fine-tuning
+steps take. Every module of this package is imported here, so
 a new protocol is one file that registers itself.
 """
 from __future__ import annotations

@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_map
 from pfl_core.engine.contract import ClientContext, ClientProgram
 from pfl_core.engine.plans import gather_rows
 from pfl_core.engine.trees import stack_trees
+from pfl_core.evaluation.adaptation import AdaptationBatches
 from pfl_core.evaluation.config import EvalConfig
 from pfl_core.evaluation.results import ClientResult
 from pfl_core.training import Params
@@ -66,10 +67,12 @@ def group_calls(step: int, position: int | None, batches: dict[int, torch.Tensor
             for members in groups.values()]
 
 
-def _plan(contexts: list[ClientContext], cfg: EvalConfig, steps: int) -> list[_Call]:
+def _plan(contexts: list[ClientContext], cfg: EvalConfig, steps: int, evaluated_round: int = 1) -> list[_Call]:
     """Every batch of the run, drawn on the host before any compute, from each client's streams
-    in the sequential path's order (per client: evaluation pass, train batch, evaluation pass,
-    ...; clients draw from their own streams, so the order across clients does not matter)."""
+    (per client: evaluation pass, fine-tuning batch, evaluation pass, ...; the fine-tuning batches
+    are the sequential path's, :class:`pfl_core.evaluation.adaptation.AdaptationBatches`; clients
+    draw from their own streams, so the order across clients does not matter)."""
+    tuning = [AdaptationBatches(ctx, cfg, steps, evaluated_round) for ctx in contexts]
     calls = []
     for step in range(steps + 1):
         passes = [ctx.streams[cfg.split].epoch() for ctx in contexts]
@@ -79,7 +82,7 @@ def _plan(contexts: list[ClientContext], cfg: EvalConfig, steps: int) -> list[_C
                 batches = {i: b for i, b in batches.items() if b.numel() > 1}
             calls += group_calls(step, position, batches)
         if step < steps:
-            calls += group_calls(step, None, {i: ctx.next_index("train") for i, ctx in enumerate(contexts)})
+            calls += group_calls(step, None, {i: tuning[i].index(step) for i in range(len(contexts))})
     return calls
 
 
@@ -132,7 +135,7 @@ class ClientStack:
 
 def personalize_and_evaluate_batched(algorithm: ClientProgram, params: list[Params],
                                      contexts: list[ClientContext], cfg: EvalConfig,
-                                     steps: int) -> list[ClientResult]:
+                                     steps: int, evaluated_round: int = 1) -> list[ClientResult]:
     """:func:`personalize_and_evaluate` of every client of ``contexts`` (starting from
     ``params[i]``) at once: the same batches and the same curves, computed client-stacked (module
     docstring). Every index batch is drawn first and moved to the device at once; the hits and
@@ -142,7 +145,7 @@ def personalize_and_evaluate_batched(algorithm: ClientProgram, params: list[Para
     count = len(contexts)
     clients = ClientStack(params, contexts)
     device = next(iter(clients.params.values())).device
-    calls = _plan(contexts, cfg, steps)
+    calls = _plan(contexts, cfg, steps, evaluated_round)
     rows = _to_device([c.rows for c in calls], contexts[0].dataset.x.device)
     members = _to_device([torch.tensor(c.members) for c in calls], device)
 

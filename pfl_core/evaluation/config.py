@@ -1,6 +1,7 @@
 """Settings shared by every evaluation protocol (:class:`EvalConfig`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -19,6 +20,28 @@ class EvalConfig(HyperParams):
     """Multiplicative learning-rate decay (CAFeMe: 0.8)."""
     decay_every: PositiveInt = 5
     """Decay the learning rate after every this many steps (CAFeMe: 5)."""
+    step_lrs: list[float] = field(default_factory=list)
+    """The learning rate of each fine-tuning step, in order (at least ``steps`` of them); empty:
+    ``lr`` decayed by ``gamma`` every ``decay_every`` steps. The pFedMe code's Per-FedAvg evaluation
+    is ``[alpha, beta]`` with ``steps: 2``: one SGD step at its learning rate, a second at beta
+    (CharlieDinh/pFedMe, ``FLAlgorithms/users/userperavg.py`` L73-88, ``MySGD.step`` in
+    ``FLAlgorithms/optimizers/fedoptimizer.py`` L9-23; docs/papers/cgpfl.md, code conventions)."""
+    adapt_split: Literal["train", "evaluated"] = "train"
+    """Where the fine-tuning batches come from: ``train``, the client's train split (its train
+    stream: the federation's batch size and order); ``evaluated``, the split being evaluated
+    (``split``: ``test``, or ``val`` when tuning), cut in that split's fixed order into batches of the
+    train batch size, as the pFedMe code's Per-FedAvg evaluation draws them
+    (``get_next_test_batch``, ``FLAlgorithms/users/userbase.py`` L27, L134-142). ``evaluated`` is a
+    leak - the model adapts on samples it is then scored on - kept only to reproduce that code,
+    never a default."""
+    adapt_batches: Literal["restart", "continue"] = "restart"
+    """Which of those batches an evaluation takes: ``restart``, the first ``steps`` of a fresh pass
+    (every evaluation alike; the harness's); ``continue``, a cyclic iterator over the fixed order
+    that every round advances by ``steps``: the evaluation after round R takes the batches at
+    positions steps*R .. steps*R + steps - 1 (mod the number of batches), as the pFedMe code's
+    per-client iterator does, drawn once a round by the evaluation before training
+    (``userbase.py`` L31, L134-142; ``FLAlgorithms/servers/serverperavg.py`` L48). Needs a fixed
+    train order (``federation.reshuffle: false``) with ``adapt_split: train``."""
     batch_size: NonNegativeInt = 0
     """Evaluation batch size; 0 = the federation's training batch size."""
     reduction: Literal["batch_mean", "sample"] = "batch_mean"
@@ -69,5 +92,15 @@ class EvalConfig(HyperParams):
     equal batch shapes at once). Memory only (the numbers do not depend on it): a stack trains
     ``stack_size`` x ``batch_size`` images per step and holds their inputs for all its steps."""
 
+    def __post_init__(self) -> None:
+        if self.step_lrs and len(self.step_lrs) < self.steps:
+            raise ValueError(f"evaluation step_lrs {self.step_lrs} gives fewer rates than steps = {self.steps}")
+        bad = [v for v in self.step_lrs
+               if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
+        if bad:
+            raise ValueError(f"evaluation step_lrs must be positive numbers, got {self.step_lrs}")
+
     def lr_at(self, step: int) -> float:
+        if self.step_lrs:
+            return float(self.step_lrs[step])
         return self.lr * self.gamma ** (step // self.decay_every)

@@ -79,7 +79,7 @@ class FinetunePretrained(Protocol):
         return ids
 
     def _evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
-                  executor=None) -> EvalResult:
+                  executor=None, evaluated_round: int = 1) -> EvalResult:
         if not hasattr(algorithm, "finetune_recipe"):
             raise ValueError(f"protocol finetune_pretrained evaluates methods that personalize a pretrained model "
                              f"(global_model, ft_bn_c, ft_bn_g, ft_bn_i, fedl2p, l2p); {type(algorithm).__name__} "

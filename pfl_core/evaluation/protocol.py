@@ -52,26 +52,30 @@ class Protocol:
         A non-finite loss at any step (a diverging fine-tuning) raises :class:`DivergenceError`.
         With ``cfg.val_split`` that split is evaluated too, after the test split (whose numbers
         are thus those of a run without it), its summary keys prefixed ``val_``. ``history`` (the
-        run's rows so far) is for protocols that depend on it."""
-        result = self._evaluate(algorithm, server, contexts, executor)
+        run's rows so far) is for protocols that depend on it; the model evaluated is the one after
+        round ``len(history) + 1`` (the round's own row is appended after its evaluation), which
+        ``adapt_batches: continue`` reads."""
+        evaluated_round = len(history or []) + 1
+        result = self._evaluate(algorithm, server, contexts, executor, evaluated_round=evaluated_round)
         if self.cfg.val_split and self.target == "test":
             val = type(self)(replace(self.cfg, split=self.cfg.val_split, val_split=""), self.target)
             val.seed = self.seed  # the same evaluation streams
-            after = val._evaluate(algorithm, server, contexts, executor)
+            after = val._evaluate(algorithm, server, contexts, executor, evaluated_round=evaluated_round)
             result.summary.update({f"val_{k}": v for k, v in after.summary.items()})
         return result
 
     def _evaluate(self, algorithm: ClientProgram, server: ServerState, contexts: dict[int, ClientContext],
-                  executor: "Executor | None") -> EvalResult:
+                  executor: "Executor | None", evaluated_round: int = 1) -> EvalResult:
         steps = self.cfg.steps if algorithm.finetune_at_eval else 0
         batched = executor is not None and executor.execution == "batched"
         if batched and batched_evaluation_fallback(algorithm) is None:
             clients = list(contexts.values())
             params = [algorithm.predictor(server, ctx) for ctx in clients]
-            results = personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps)
+            results = personalize_and_evaluate_batched(algorithm, params, clients, self.cfg, steps, evaluated_round)
         else:
             results = [
-                personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps)
+                personalize_and_evaluate(algorithm, algorithm.predictor(server, ctx), ctx, self.cfg, steps,
+                                         evaluated_round)
                 for ctx in contexts.values()
             ]
         check_finite_results(results)

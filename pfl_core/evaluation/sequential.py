@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from pfl_core.engine.contract import ClientContext, ClientProgram
+from pfl_core.evaluation.adaptation import AdaptationBatches
 from pfl_core.evaluation.config import EvalConfig
 from pfl_core.evaluation.results import ClientResult
 from pfl_core.training import Params
@@ -35,15 +36,19 @@ def evaluate_params(algorithm: ClientProgram, params: Params, ctx: ClientContext
 
 
 def personalize_and_evaluate(
-    algorithm: ClientProgram, params: Params, ctx: ClientContext, cfg: EvalConfig, steps: int
+    algorithm: ClientProgram, params: Params, ctx: ClientContext, cfg: EvalConfig, steps: int,
+    evaluated_round: int = 1,
 ) -> ClientResult:
-    """Evaluate, then take one SGD step on the next train batch, ``steps`` times; evaluate last."""
+    """Evaluate, then take one SGD step on the next fine-tuning batch (the next train batch by
+    default; :class:`pfl_core.evaluation.adaptation.AdaptationBatches`), ``steps`` times; evaluate
+    last. ``evaluated_round``: the round after which the model is evaluated (1-based)."""
+    batches = AdaptationBatches(ctx, cfg, steps, evaluated_round)
     accs, losses = [], []
     for step in range(steps + 1):
         acc, loss = evaluate_params(algorithm, params, ctx, cfg)
         accs.append(acc)
         losses.append(loss)
         if step < steps:
-            x, y = ctx.next_batch("train")
+            x, y = ctx.dataset.batch(batches.index(step))
             params = algorithm.finetune_step(params, x, y, cfg.lr_at(step), ctx)
     return ClientResult(ctx.cid, ctx.num_samples(cfg.split), accs, losses)
