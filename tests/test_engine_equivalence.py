@@ -27,6 +27,7 @@ from pfl_core.evaluation.clients import SeenClients
 from pfl_core.federation import run_federation
 from pfl_core.models.cafeme import ModulatedCNN
 from pfl_core.models.cnn import BaseCNN, conv_block, dense_block
+from pfl_core.models.pooling import MaxPool2d
 from pfl_core.seeding import RunStreams
 from pfl_core.training import model_params
 from tests.helpers import TinyLeNet, l2p_federation, one_thread, tiny_resnet  # noqa: F401 (fixture)
@@ -78,6 +79,12 @@ def tiny_cnn(classes=3):
     return BaseCNN(nn.Sequential(conv_block(1, 4, 3, 1)), nn.Sequential(dense_block(36, 8), nn.Linear(8, classes)))
 
 
+def tiny_pool_cnn(classes=3):
+    """conv -> ReLU -> the project's max-pool -> output: rows independent but not ``per_sample``
+    (IFCA's chunked cluster-choice pass, pfl_core/algorithms/_lib/cluster_pass.py)."""
+    return nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), MaxPool2d(2), nn.Flatten(), nn.Linear(12, classes))
+
+
 def tiny_modulated(classes=3):
     trunk = nn.Sequential(conv_block(1, 4, 3, 1))
     return ModulatedCNN(tiny_cnn(classes), trunk, [36, 6], classes)
@@ -116,6 +123,7 @@ CASES = {
     "fedavg_ft": ("fedavg_ft", {"lr": 0.3, "local_steps": 2}, dnn, flat_federation),
     "local": ("local", {"lr": 0.3, "local_steps": 2}, dnn, flat_federation),
     "ifca": ("ifca", {"lr": 0.3, "local_epochs": 1, "num_clusters": 2}, dnn, flat_federation),
+    "ifca-pool": ("ifca", {"lr": 0.3, "local_epochs": 1, "num_clusters": 3}, tiny_pool_cnn, image_federation),
     "ditto": ("ditto", {"lr": 0.2, "personal_steps": 2, "global_steps": 2, "global_lr": 0.05}, dnn, flat_federation),
     "ditto-sgd-global-anchor": ("ditto", {"lr": 0.2, "personal_steps": 1, "global_steps": 2, "global_lr": 0.1,
                                           "global_optimizer": "sgd", "anchor": "global"}, dnn, flat_federation),
@@ -241,7 +249,7 @@ def test_batched_path_equals_sequential_path(name):
     assert_same_run(run_path(CASES[name], "sequential"), run_path(CASES[name], "batched"))
 
 
-@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "fedper-epochs", "fedproto", "fedavg-bn-epochs"])
+@pytest.mark.parametrize("name", ["fedavg-epochs", "ifca", "ifca-pool", "fedper-epochs", "fedproto", "fedavg-bn-epochs"])
 def test_padded_stacks_of_unequal_clients_equal_the_sequential_path(name):
     sizes = (8, 5, 12, 9, 4)  # 2, 1, 3, 2, 1 batches per epoch at batch size 4
     sequential = run_path(CASES[name], "sequential", sizes=sizes, per_round=5)

@@ -46,6 +46,23 @@ def test_channels_last_kernel_picks_the_same_indices():
     assert torch.equal(nchw, channels_last.contiguous())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kernel,stride,padding", GEOMETRIES)
+def test_values_without_gradient_equal_max_pool2d(dtype, kernel, stride, padding):
+    """The no-gradient forward (no autograd.Function, no index copy): the same bits, NaN included."""
+    x = activations((3, 5, 11, 12), dtype, seed=4)
+    x[0, 0, 0, 0] = float("nan")
+    ref = F.max_pool2d(x, kernel, stride, padding)
+    for ours in (max_pool2d(x, kernel, stride, padding), _no_grad_pool(x.requires_grad_(), kernel, stride, padding)):
+        assert ours.is_contiguous() and not ours.requires_grad
+        assert torch.equal(ours.isnan(), ref.isnan()) and torch.equal(ours.nan_to_num(), ref.nan_to_num())
+
+
+def _no_grad_pool(x, kernel, stride, padding):
+    with torch.no_grad():
+        return max_pool2d(x, kernel, stride, padding)
+
+
 def test_nan_and_infinities_propagate_as_in_max_pool2d():
     x = activations((2, 3, 8, 8), torch.float64)
     x[0, 0, 0, 0] = float("nan")

@@ -18,6 +18,18 @@ and reports seconds per round (median over ``--rounds`` timed rounds after one w
 speed-up over the sequential path, and the achieved GFLOP/s (convolution and matmul FLOPs of one
 round, counted by ``torch.utils.flop_counter``) next to a plain fp32 matmul's on the same threads,
 and the path ``--execution auto`` would take for the workload (:mod:`pfl_core.engine.choice`).
+
+A ``choice`` workload (``ifca-choice-cifar10``) times one step instead of a round: IFCA's cluster
+choice of every client (:func:`pfl_core.algorithms.ifca.cluster_losses`: the loss of each cluster
+model over the client's whole train split), seconds per choice of all clients on three paths:
+
+* ``loop``: the reference, one forward per batch (:func:`~pfl_core.algorithms._lib.cluster_pass.loop_losses`);
+* ``chunked``: the harness's pass from chunked forwards (the same losses bit for bit), computing the
+  per-row logits (an evaluation's choice, or a round's first);
+* ``kept``: the same pass reading the logits a previous pass over the same clusters kept (the
+  round's training choice after an evaluation; only partial batches are forwarded).
+
+Their FLOPs are counted per path (the chunked pass pads the split to whole batches).
 Nothing is asserted: these are measurements to compare, rerun on your own machine.
 """
 from __future__ import annotations
@@ -33,6 +45,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pfl_core.engine.device import configure_device, device_info, synchronize
 from pfl_core.algorithms import METHODS
+from pfl_core.algorithms._lib.cluster_pass import SplitLogits, loop_losses
+from pfl_core.algorithms.ifca import cluster_losses
 from pfl_core.atomic_file import atomic_path
 from pfl_core.config import FederationConfig
 from pfl_core.data.federated import ArrayDataset, Client, FederatedData
@@ -64,6 +78,10 @@ class Workload:
     classes: int = 10
     eval_steps: int = -1
     """>= 0: time the unseen-client evaluation (20 clients, this many fine-tuning steps) instead of a round."""
+    drop_last: bool = True
+    """The training streams drop a last partial batch (the federation's ``drop_last``)."""
+    choice: bool = False
+    """Time IFCA's cluster choice of every client (:func:`time_choice`) instead of a round."""
 
 
 WORKLOADS = [
@@ -92,6 +110,11 @@ WORKLOADS = [
     Workload("metavers-lenet", "MetaVers Table 2, CIFAR-10: FedAvg, 5 of 50 clients x 50 steps of 64, LeNet",
              "fedavg", "lenet", (3, 32, 32), {"lr": 0.005, "local_steps": 50, "local_epochs": 0},
              train_size=800, test_size=200, clients=50, per_round=5, batch_size=64),
+    Workload("ifca-choice-cifar10", "CGPFL Table 1, CIFAR-10 CNN: IFCA-K4's cluster choice, 40 clients x 4 "
+             "clusters x 2025 train samples (the mean of floor(0.75 n), n ~ U{400..5000}) in batches of 20, "
+             "the last partial", "ifca", "cgpfl_cnn", (3, 32, 32), {"num_clusters": 4, "lr": 0.03,
+                                                                     "local_steps": 10},
+             train_size=2025, test_size=10, clients=40, per_round=40, batch_size=20, drop_last=False, choice=True),
 ]
 
 
@@ -120,7 +143,8 @@ def build(w: Workload, device: torch.device, seed: int) -> Federation:
     model = build_model(w.model, w.input_shape, w.classes).to(device)
     cls = METHODS.get(w.method)
     algorithm = cls(model, cls.hyper_class.from_dict(w.hp))
-    cfg = FederationConfig(rounds=10**6, clients_per_round=w.per_round, batch_size=w.batch_size)
+    cfg = FederationConfig(rounds=10**6, clients_per_round=w.per_round, batch_size=w.batch_size,
+                           drop_last=w.drop_last)
     protocol = UnseenClients(EvalConfig(steps=max(w.eval_steps, 0), lr=0.001))
     return Federation(algorithm, random_federation(w, device, seed), model_params(model), cfg, protocol,
                       RunStreams(seed), evaluate_clients=False)
@@ -164,6 +188,40 @@ def time_path(w: Workload, device: torch.device, execution: str, seeds: int, rou
     return statistics.median(times), counter.get_total_flops() / 1e9
 
 
+def time_choice(w: Workload, device: torch.device, rounds: int) -> list[tuple[str, float, float]]:
+    """(path, median seconds per choice of every client, GFLOP per choice) of IFCA's cluster choice
+    (module docstring) on the ``loop``, ``chunked`` and ``kept`` paths, after one warm-up each (the
+    chunked pass checks its chunk shapes once per process then)."""
+    federation = build(w, device, 0)
+    model, clusters = federation.algorithm.model, federation.server["clusters"]
+    contexts = list(federation.contexts.values())
+    kept = SplitLogits()
+
+    def loop() -> None:
+        with torch.no_grad():
+            for ctx in contexts:
+                int(torch.argmin(loop_losses(model, clusters, [ctx.dataset.batch(i) for i in ctx.epoch_index()])))
+
+    def chunked(cache=None) -> None:
+        for ctx in contexts:
+            int(torch.argmin(cluster_losses(model, clusters, ctx, SplitLogits() if cache is None else cache)))
+
+    out = []
+    for label, run in (("loop", loop), ("chunked", chunked), ("kept", lambda: chunked(kept))):
+        run()  # warm-up (for "kept": fills the kept logits)
+        sync(device)
+        times = []
+        for _ in range(rounds):
+            started = clock()
+            run()
+            sync(device)
+            times.append(clock() - started)
+        with FlopCounterMode(display=False) as counter:
+            run()
+        out.append((label, statistics.median(times), counter.get_total_flops() / 1e9))
+    return out
+
+
 def matmul_gflops(device: torch.device, n: int = 2048, repeats: int = 10) -> float:
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     a @ b
@@ -179,6 +237,24 @@ def auto_choice(w: Workload, device: torch.device, seeds: int) -> str:
     """The path ``--execution auto`` takes for ``w`` (:mod:`pfl_core.engine.choice`), and why."""
     model = build_model(w.model, w.input_shape, w.classes)
     return choose_execution(device.type, step_flops(model, w.input_shape, w.batch_size), w.per_round * seeds)[1]
+
+
+def choice_rows(w: Workload, device: torch.device, device_name: str, rounds: int, reference: float,
+                info: dict) -> list[dict]:
+    """Time a ``choice`` workload (:func:`time_choice`), print its lines, return its CSV rows."""
+    print(f"{w.name:16s} {device_name:6s} cluster choice of {w.clients} clients (s/round: seconds per choice)")
+    rows, baseline = [], None
+    for label, seconds, gflop in time_choice(w, device, rounds):
+        baseline = baseline or seconds
+        rate = gflop / seconds
+        row = {"workload": w.name, "device": device_name, "path": label, "step_capture": "off",
+               "s_per_round": seconds, "speedup": baseline / seconds, "gflop_per_round": gflop, "gflops": rate,
+               "matmul_gflops": reference, "percent_of_matmul": 100 * rate / reference,
+               "torch_threads": torch.get_num_threads(), **info, "description": w.description}
+        rows.append(row)
+        print(f"{w.name:16s} {device_name:6s} {label:14s} {seconds:9.4f} {row['speedup']:7.2f}x "
+              f"{rate:8.1f} {row['percent_of_matmul']:7.0f}%  ({gflop:.1f} GFLOP per choice)", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.get_num_threads()}")
         print(header)
         for w in chosen:
+            if w.choice:
+                rows += choice_rows(w, device, device_name, args.rounds, reference, info)
+                continue
             print(f"{w.name:16s} {device_name:6s} {auto_choice(w, device, 1)}")
             baseline = None
             for label, execution, seeds, capture in paths + (captured if args.capture and device.type == "cuda" else []):

@@ -42,8 +42,9 @@ from pfl_core.engine.contract import ClientContext, ClientUpdate, ServerState
 from pfl_core.algorithms.fedavg import FedAvg, FedAvgHyper
 from pfl_core.algorithms._lib.round_lr import round_lr_carry
 from pfl_core.fields import FINETUNE_ORDER, PositiveInt, Tune
-from pfl_core.models.per_sample import per_sample
-from pfl_core.training import Params, average_params, batch_loss, forward, model_params
+from pfl_core.algorithms._lib.cluster_pass import SplitLogits, exact_losses, loop_losses
+from pfl_core.models.per_sample import per_sample, rows_independent
+from pfl_core.training import Params, average_params, forward, model_params
 
 
 @dataclass
@@ -115,21 +116,32 @@ def reinitialised_params(model: nn.Module, seed: int) -> Params:
     return model_params(fresh)
 
 
-def cluster_losses(model: nn.Module, clusters: list[Params], client: ClientContext) -> torch.Tensor:
+def cluster_losses(model: nn.Module, clusters: list[Params], client: ClientContext,
+                   cache: SplitLogits | None = None) -> torch.Tensor:
     """Summed per-batch mean CE of every cluster over one pass of the client's train split
-    (code ``compute_best_model``); a k-vector kept on the device. A model whose samples do not
-    interact (:func:`~pfl_core.models.per_sample.per_sample`) takes the pass as one forward per
-    cluster (:func:`one_pass_losses`: the same sums up to float rounding); others batch by batch."""
+    (code ``compute_best_model``); a k-vector kept on the device. Three ways, by the model:
+
+    * samples do not interact (:func:`~pfl_core.models.per_sample.per_sample`): one forward per
+      cluster (:func:`one_pass_losses`: the same sums up to float rounding);
+    * rows independent otherwise (:func:`~pfl_core.models.per_sample.rows_independent`, e.g. CGPFL's
+      CIFAR-10 CNN with the project's max-pool): the per-batch loop's numbers bit for bit from
+      chunked forwards, the per-row logits kept in ``cache`` for the next pass over the same cluster
+      tensors (:func:`~pfl_core.algorithms._lib.cluster_pass.exact_losses`; a shape whose check
+      fails, and a dataset with an ``inputs`` map, take the loop);
+    * others (BatchNorm, Dropout): batch by batch (:func:`~pfl_core.algorithms._lib.cluster_pass.loop_losses`).
+    """
     index = client.epoch_index()
     with torch.no_grad():
         if index and per_sample(model):
             x, y = client.dataset.batch(torch.cat(index))
             sizes = [int(i.numel()) for i in index]
             return torch.stack([one_pass_losses(model, params, x, y, sizes) for params in clusters])
-        batches = [client.dataset.batch(i) for i in index]
-        return torch.stack([
-            torch.stack([batch_loss(model, params, x, y) for x, y in batches]).sum() for params in clusters
-        ])
+        if index and rows_independent(model):
+            losses = exact_losses(model, clusters, client.dataset, client.streams["train"].index, index,
+                                  SplitLogits() if cache is None else cache)
+            if losses is not None:
+                return losses
+        return loop_losses(model, clusters, [client.dataset.batch(i) for i in index])
 
 
 def one_pass_losses(model: nn.Module, params: Params, x: torch.Tensor, y: torch.Tensor, sizes: list[int]
@@ -181,13 +193,21 @@ class IFCA(FedAvg):
             how = f"IFCA: {hp.num_clusters} independently initialised cluster models"
         return how + (f", weight sharing of {hp.shared_prefix}*" if hp.weight_sharing else "")
 
+    @property
+    def split_logits(self) -> SplitLogits:
+        """The per-row logits of the current clusters, per client split (:func:`cluster_losses`): an
+        evaluation's choice leaves them for the next round's, which sees the same cluster tensors."""
+        if "_split_logits" not in self.__dict__:
+            self._split_logits = SplitLogits()
+        return self._split_logits
+
     def choose_cluster(self, server: ServerState, client: ClientContext) -> int:
         """argmin of :func:`cluster_losses` (one host sync per client: the index picks a model);
         a single (shared) model needs no loss pass (the code's k equal losses pick index 0)."""
         if len(server["clusters"]) == 1:
             client.state["cluster"] = 0
             return 0
-        choice = int(torch.argmin(cluster_losses(self.model, server["clusters"], client)))
+        choice = int(torch.argmin(cluster_losses(self.model, server["clusters"], client, self.split_logits)))
         client.state["cluster"] = choice
         return choice
 
