@@ -5,6 +5,7 @@ import copy
 import os
 import socket
 import subprocess
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -80,6 +81,28 @@ def tiny_suite_dict() -> dict:
              "pm_kind": "std", "runs": 5, "source": "Table 1"},
         ],
     }
+
+
+def synthetic_suite_head(rounds: int, base_extra: str = "") -> str:
+    """The opening of a tiny suite file on synthetic data (paper, name, metric, base), for tests
+    that write a suite as YAML text and append their own seeds, grid and profiles."""
+    return ("paper: demo\nname: t\nmetric: {key: acc}\nbase:\n"
+            "  data: {dataset: synthetic, num_clients: 6, params: {alpha: 0.5, beta: 0.5}, partition: {name: natural},\n"
+            "         client_splits: {test: 0.2}}\n"
+            f"  federation: {{rounds: {rounds}, clients_per_round: 3, batch_size: 8}}\n"
+            "  model: {name: mlr}\n" + base_extra)
+
+
+def write_dedented(folder: Path, name: str, text: str) -> Path:
+    """``folder/name`` holding ``text`` dedented (suite files written as YAML text in tests)."""
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def expanded_runs(suite) -> dict:
+    """profile -> [(cell, seed, config hash, config)] of every run: two suites that load alike agree here."""
+    return {p: [(s.cell_id, s.seed, s.config_hash, s.config) for s in suite.expand(p)] for p in suite.profiles}
 
 
 def write_suite(path: Path, data: dict) -> Path:

@@ -3,23 +3,15 @@ loads to the same runs, hashes and suite as the value written out in full; a wro
 in one line naming the file and the fix."""
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
 from benchmarks.suite.spec import load_suite
 from benchmarks.suite.file import overlay, read_suite_file
 from benchmarks.suite.schema import SuiteError
+from conftest import expanded_runs, synthetic_suite_head, write_dedented
 
-HEAD = """\
-paper: demo
-name: t
-metric: {key: acc}
-base:
-  data: {dataset: synthetic, num_clients: 6, params: {alpha: 0.5, beta: 0.5}, partition: {name: natural},
-         client_splits: {test: 0.2}}
-  federation: {rounds: 2, clients_per_round: 3, batch_size: 8}
-  model: {name: mlr}
+HEAD = synthetic_suite_head(2) + """\
 seeds: [0, 1]
 profiles: {smoke: {seeds: [0], set: {federation.rounds: 1}}}
 grid:
@@ -42,14 +34,7 @@ LIKE = HEAD + """\
 """
 
 
-def write(folder, name, text):
-    path = folder / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def runs(suite):
-    return {p: [(s.cell_id, s.seed, s.config_hash, s.config) for s in suite.expand(p)] for p in suite.profiles}
+write, runs = write_dedented, expanded_runs
 
 
 def test_a_value_like_another_loads_as_written_out(tmp_path):

@@ -3,23 +3,15 @@ hashes as the profile written out in full, also across shared files; a wrong ``l
 line naming the file that states it."""
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
 from benchmarks.suite.file import read_suite_file
 from benchmarks.suite.schema import SuiteError
 from benchmarks.suite.spec import load_suite
+from conftest import expanded_runs, synthetic_suite_head, write_dedented
 
-HEAD = """\
-paper: demo
-name: t
-metric: {key: acc}
-base:
-  data: {dataset: synthetic, num_clients: 6, params: {alpha: 0.5, beta: 0.5}, partition: {name: natural},
-         client_splits: {test: 0.2}}
-  federation: {rounds: 4, clients_per_round: 3, batch_size: 8}
-  model: {name: mlr}
+HEAD = synthetic_suite_head(4) + """\
 seeds: [0, 1]
 grid:
   - {name: method, key: method.name, values: [fedavg, ditto]}
@@ -52,14 +44,7 @@ WRITTEN_OUT = """\
 """
 
 
-def write(folder, name, text):
-    path = folder / name
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def runs(suite):
-    return {p: [(s.cell_id, s.seed, s.config_hash, s.config) for s in suite.expand(p)] for p in suite.profiles}
+write, runs = write_dedented, expanded_runs
 
 
 def test_a_profile_like_another_loads_as_written_out(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from benchmarks.suite.file import read_suite_file
 from benchmarks.suite.schema import SuiteError
 from benchmarks.suite.spec import load_suite
+from conftest import synthetic_suite_head
 
 SHARED = """\
 grid_values:
@@ -26,16 +27,7 @@ profiles:
     overrides: [{when: {size: [small, mid]}, set: {federation.rounds: 1}}]
 """
 
-HEAD = """\
-paper: demo
-name: t
-metric: {key: acc}
-base:
-  data: {dataset: synthetic, num_clients: 6, params: {alpha: 0.5, beta: 0.5}, partition: {name: natural},
-         client_splits: {test: 0.2}}
-  federation: {rounds: 2, clients_per_round: 3, batch_size: 8}
-  model: {name: mlr}
-  method: {params: {lr: 0.1}}
+HEAD = synthetic_suite_head(2, '  method: {params: {lr: 0.1}}\n') + """\
 seeds: [0]
 grid:
   - {name: size, values: [%s]}
