@@ -46,13 +46,11 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from benchmarks.suite.merge_rule import merge
 from benchmarks.suite.profile_like import like_sources, resolve_profile_likes
 from benchmarks.suite.schema import TOP_KEYS, SuiteError, check_keys
 from benchmarks.suite.shared_when import fit_shared, suite_labels
 from benchmarks.suite.yaml_file import YamlFileError, read_yaml
-
-#: lists that a suite extends (shared entries first) instead of replacing
-CONCATENATED = frozenset({"notes", "overrides", "marks"})
 
 #: the keys of a grid value that starts from another (``like``)
 LIKE_KEYS = frozenset({"label", "like", "set"})
@@ -60,17 +58,6 @@ LIKE_KEYS = frozenset({"label", "like", "set"})
 #: keys only a suite itself may state (what makes it this table and not another)
 SUITE_ONLY = frozenset({"extends", "name", "table", "caption", "grid", "published", "published_quantities",
                         "code_reference", "tuned"})
-
-
-def merge(shared: Any, own: Any, key: str | None = None) -> Any:
-    """``own`` written over ``shared`` by the rule of this module (neither is modified)."""
-    if isinstance(shared, dict) and isinstance(own, dict):  # each value copied once, shared keys first
-        out = {k: merge(v, own[k], str(k)) if k in own else copy.deepcopy(v) for k, v in shared.items()}
-        out.update({k: copy.deepcopy(v) for k, v in own.items() if k not in shared})
-        return out
-    if key in CONCATENATED and isinstance(shared, list) and isinstance(own, list):
-        return copy.deepcopy(shared) + copy.deepcopy(own)
-    return copy.deepcopy(own)
 
 
 def _read(path: Path) -> Any:

@@ -2,7 +2,7 @@
 
 ``profiles: {code_shared_init_sharing: {like: code_shared_init, description: ..., methods: {ditto:
 ...}}}`` is the profile ``code_shared_init`` with this one's keys written over it by the rule that
-merges a suite over its shared files (:func:`benchmarks.suite.file.merge`): mappings (``set``,
+merges a suite over its shared files (:func:`benchmarks.suite.merge_rule.merge`): mappings (``set``,
 ``methods`` and each method's entry) merge key by key, the lists ``overrides`` are the other
 profile's entries followed by this one's, and every other value (``seeds``, ``description``) is
 this one's where it states one. The other profile is the suite's as read (its shared files merged
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from benchmarks.suite.merge_rule import merge
 from benchmarks.suite.schema import SuiteError
 
 
@@ -32,7 +33,6 @@ def like_sources(raw: Any, file: str, where: dict[str, str]) -> None:
 def resolve_profile_likes(suite: dict, where: dict[str, str]) -> dict:
     """``suite`` with every profile that is ``like`` another written out (``where``: the file that
     states each ``like``, for errors)."""
-    from benchmarks.suite.file import merge  # the one merge rule (file.py imports this module)
 
     profiles = suite.get("profiles")
     if not isinstance(profiles, dict) or not any(isinstance(p, dict) and "like" in p for p in profiles.values()):
