@@ -80,6 +80,18 @@ def reference_pfedme(model, fed, init, rounds, lr, personal_lr, lam, inner_steps
 
 
 @pytest.mark.parametrize("theta_start", ["received", "persist"])
+def assert_apfl_state(alg, result, fed, glob, v, alpha, abs_alpha):
+    """The run's global model, each client's alpha and v, and its personalized model (alpha v +
+    (1 - alpha) global) equal the hand reference's."""
+    assert close(result.server["params"], glob)
+    for cid in fed.train_clients:
+        state = result.contexts[cid].state
+        assert float(state["alpha"]) == pytest.approx(alpha[cid], abs=abs_alpha)
+        assert close(state["v"], v[cid])
+        expected = {k: alpha[cid] * v[cid][k] + (1 - alpha[cid]) * glob[k] for k in glob}
+        assert close(alg.predictor(result.server, result.contexts[cid]), expected)
+
+
 def test_pfedme_matches_its_authors_code_round_for_round(theta_start):
     """Guards: the inner-solve anchor moving within a round (w_{i,r}, not w_{i,0}), the local-model
     pull rate lr*lam, the server's beta, the hidden L2 term, theta's start each round, and both
@@ -205,13 +217,7 @@ def test_apfl_state_over_several_rounds():
             uploads[cid], sizes[cid], alpha[cid] = w, len(y), a
         total = sum(sizes.values())
         glob = {k: sum(sizes[c] / total * uploads[c][k] for c in uploads) for k in glob}
-    assert close(result.server["params"], glob)
-    for cid in fed.train_clients:
-        state = result.contexts[cid].state
-        assert float(state["alpha"]) == pytest.approx(alpha[cid], abs=1e-5)
-        assert close(state["v"], v[cid])
-        expected = {k: alpha[cid] * v[cid][k] + (1 - alpha[cid]) * glob[k] for k in glob}
-        assert close(alg.predictor(result.server, result.contexts[cid]), expected)
+    assert_apfl_state(alg, result, fed, glob, v, alpha, abs_alpha=1e-5)
     assert len({round(a, 6) for a in alpha.values()}) == 3  # alpha_i adapted, per client
 
 
@@ -268,13 +274,7 @@ def test_apfl_fedtorch_switches_follow_the_hand_rules(alpha_update, penalty, ste
     result = federate(alg, fed, init, rounds=rounds)
     glob, v, alpha = reference_apfl(model, fed, init, rounds, lr, steps, alpha_update, penalty,
                                     step_order == "w_first", adaptive)
-    assert close(result.server["params"], glob)
-    for cid in fed.train_clients:
-        state = result.contexts[cid].state
-        assert float(state["alpha"]) == pytest.approx(alpha[cid], abs=1e-6)
-        assert close(state["v"], v[cid])
-        expected = {k: alpha[cid] * v[cid][k] + (1 - alpha[cid]) * glob[k] for k in glob}
-        assert close(alg.predictor(result.server, result.contexts[cid]), expected)
+    assert_apfl_state(alg, result, fed, glob, v, alpha, abs_alpha=1e-6)
     if adaptive:
         assert len({round(a, 6) for a in alpha.values()}) == 3  # alpha_i adapted, per client
 

@@ -27,15 +27,21 @@ def suite_dict(**metric) -> dict:
     return data
 
 
-def test_max_over_rounds_is_shown_beside_the_last_round(isolated):
-    suite = load_suite(write_suite(isolated / "suites" / "hand" / "maxround.yaml",
-                                   suite_dict(aggregate="final", also=["max_over_rounds"])))
-    tracker = Tracker(*store(isolated / "store"))
-    for spec in suite.expand("paper", only={"setting": ["dir"], "method": ["fedavg"]}):
+def log_history_runs(suite, profile, root):
+    """The dir/fedavg runs of ``profile`` logged with the per-seed round histories of HISTORY."""
+    tracker = Tracker(*store(root))
+    for spec in suite.expand(profile, only={"setting": ["dir"], "method": ["fedavg"]}):
         rows = [{"round": r + 1, "train_loss": 1.0, "acc_weighted": a} for r, a in enumerate(HISTORY[spec.seed])]
         tracker.log(spec, {"paper": suite.paper, "table": suite.raw["table"]},
                     {"started": 1.0, "ended": 2.0, "info": {"device": "cpu"}, "history": rows,
                      "metrics": {"acc_weighted": rows[-1]["acc_weighted"]}}, ("c0ffee", False))
+    return tracker
+
+
+def test_max_over_rounds_is_shown_beside_the_last_round(isolated):
+    suite = load_suite(write_suite(isolated / "suites" / "hand" / "maxround.yaml",
+                                   suite_dict(aggregate="final", also=["max_over_rounds"])))
+    tracker = log_history_runs(suite, "paper", isolated / "store")
     md, csv, _ = write_report(suite, tracker, "paper", isolated / "reports")
     frame = pd.read_csv(csv)
     row = frame[(frame["setting"] == "dir") & (frame["method"] == "fedavg")].iloc[0]
@@ -81,12 +87,7 @@ def test_a_profile_can_make_max_over_rounds_the_headline(isolated):
     assert metric_spec(suite).aggregate == "final" and metric_spec(suite, "best").aggregate == "max_over_rounds"
     assert metric_spec(suite, "best").also == ("final",)
     assert history_keys(suite) == ["round/acc_weighted"]
-    tracker = Tracker(*store(isolated / "store"))
-    for spec in suite.expand("best", only={"setting": ["dir"], "method": ["fedavg"]}):
-        rows = [{"round": r + 1, "train_loss": 1.0, "acc_weighted": a} for r, a in enumerate(HISTORY[spec.seed])]
-        tracker.log(spec, {"paper": suite.paper, "table": suite.raw["table"]},
-                    {"started": 1.0, "ended": 2.0, "info": {"device": "cpu"}, "history": rows,
-                     "metrics": {"acc_weighted": rows[-1]["acc_weighted"]}}, ("c0ffee", False))
+    tracker = log_history_runs(suite, "best", isolated / "store")
     md, csv, _ = write_report(suite, tracker, "best", isolated / "reports")
     row = pd.read_csv(csv).query("setting == 'dir' and method == 'fedavg'").iloc[0]
     best = [100 * max(h) for h in HISTORY.values()]
