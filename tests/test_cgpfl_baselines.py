@@ -79,7 +79,6 @@ def reference_pfedme(model, fed, init, rounds, lr, personal_lr, lam, inner_steps
     return w, thetas, locals_
 
 
-@pytest.mark.parametrize("theta_start", ["received", "persist"])
 def assert_apfl_state(alg, result, fed, glob, v, alpha, abs_alpha):
     """The run's global model, each client's alpha and v, and its personalized model (alpha v +
     (1 - alpha) global) equal the hand reference's."""
@@ -92,6 +91,7 @@ def assert_apfl_state(alg, result, fed, glob, v, alpha, abs_alpha):
         assert close(alg.predictor(result.server, result.contexts[cid]), expected)
 
 
+@pytest.mark.parametrize("theta_start", ["received", "persist"])
 def test_pfedme_matches_its_authors_code_round_for_round(theta_start):
     """Guards: the inner-solve anchor moving within a round (w_{i,r}, not w_{i,0}), the local-model
     pull rate lr*lam, the server's beta, the hidden L2 term, theta's start each round, and both
