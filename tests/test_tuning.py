@@ -135,6 +135,24 @@ def test_a_method_without_tune_ranges_fails_clearly(monkeypatch):
         get_space("bare")
 
 
+def test_a_restricted_space_suggests_only_its_keys_and_names_them():
+    """``tuned.params`` (a value the paper leaves unpublished): only those keys are drawn, the rest
+    keep the cell's values, and the space's name (part of the stored objective) says which."""
+    study = optuna.create_study()
+    cell = {"method": {"name": "perfedavg", "params": {"local_steps": 10}}, "evaluation": {"params": {}},
+            "data": {"num_clients": 10}}
+    full = suggest(study.ask(), cell)
+    assert {"method.params.alpha", "method.params.beta"} <= set(full)
+    space = get_space("perfedavg", ["method.params.beta"])
+    assert space.__name__ == "perfedavg_space[method.params.beta]"
+    trial = study.ask()
+    assert list(space(trial, cell)) == ["method.params.beta"]
+    assert list(trial.distributions) == ["method.params.beta"]
+    assert describe("perfedavg", cell, ["method.params.beta"]) == {"method.params.beta": "float 1e-05..0.1 (log)"}
+    with pytest.raises(NoSearchSpaceError, match=r"'perfedavg' cannot tune \['method.params.mu'\]"):
+        get_space("perfedavg", ["method.params.mu"])
+
+
 # -- the objective's configuration ----------------------------------------------------------------
 def test_tuning_config_evaluates_validation_data_only():
     base = RunConfig().to_dict()
@@ -175,6 +193,15 @@ def test_suite_tuned_key_is_validated(tmp_path):
     bad["tuned"] = {"methods": "all", "colour": 1}
     with pytest.raises(SuiteError, match=r"tuned: unknown key\(s\) \['colour'\]"):
         load_suite(write_suite(tmp_path / "c" / "mini.yaml", bad))
+    bad["tuned"] = {"methods": ["fedavg"], "params": {"local": ["method.params.lr"]}}
+    with pytest.raises(SuiteError, match=r"tuned.params.local: 'local' is not in tuned.methods"):
+        load_suite(write_suite(tmp_path / "d" / "mini.yaml", bad))
+    bad["tuned"] = {"methods": ["fedavg"], "params": {"fedavg": ["method.params.beta"]}}
+    with pytest.raises(SuiteError, match=r"tuned.params.fedavg: method 'fedavg' cannot tune \['method.params.beta'\]"):
+        load_suite(write_suite(tmp_path / "e" / "mini.yaml", bad))
+    bad["tuned"] = {"methods": ["fedavg"], "params": {"fedavg": []}}
+    with pytest.raises(SuiteError, match=r"tuned.params.fedavg: expected a non-empty list"):
+        load_suite(write_suite(tmp_path / "f" / "mini.yaml", bad))
 
 
 # -- a real study, resumed, then used by a run --------------------------------------------------
@@ -290,6 +317,30 @@ def test_study_logs_trials_writes_tuned_file_resumes_and_a_run_uses_the_values(t
     assert "fedavg †" in text and f"trial {best.number}" in text and "local †" not in text
     # the paper profile has no tuned entry: paper values
     assert all(s.tuned is None for s in suite.expand("paper"))
+
+
+def test_a_tuned_profile_studies_only_the_listed_key_and_only_its_runs_use_the_value(tmp_path, isolated, no_git, mlstore):
+    """The ``tuned`` profile pattern (CGPFL Table 1): ``tuned.params`` restricts the study to one
+    key, the tuned file holds that key alone, runs of the profile that was tuned take it, and the
+    other profiles' runs keep their configuration and hash."""
+    data = suite_dict("onekey", tuned=False)
+    data["tuned"] = {"methods": ["fedavg"], "params": {"fedavg": ["method.params.lr"]}}
+    data["profiles"]["tuned"] = {"like": "smoke", "description": "smoke with fedavg's lr tuned"}
+    before = {s.config_hash for s in load_suite(write_suite(tmp_path / "plain" / "tiny" / "onekey.yaml",
+                                                            {**data, "tuned": None})).expand("smoke")}
+    path = write_suite(tmp_path / "suites" / "tiny" / "onekey.yaml", data)
+    (result,) = tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, profile="tuned", trials=2))
+    study = study_of(tmp_path, "onekey", profile="tuned")
+    assert study.user_attrs["objective"]["search_space"] == "fedavg_space[method.params.lr]"
+    assert all(list(t.params) == ["method.params.lr"] for t in study.trials)
+    entry = yaml.safe_load((path.parent / "onekey.tuned.yml").read_text())["cells"]["setting=dir,method=fedavg"]["fedavg"]
+    assert list(entry) == ["tuned"] and list(entry["tuned"]["params"]) == ["method.params.lr"]
+    suite = load_suite(path)
+    (run,) = suite.expand("tuned", seeds=[0], only={"setting": ["dir"], "method": ["fedavg"]})
+    assert run.tuned and run.config["method"]["params"]["lr"] == result.best_params["method.params.lr"]
+    assert run.config["method"]["params"]["local_epochs"] == 1  # the cell's value, not searched
+    assert all(s.tuned is None for s in suite.expand("smoke"))
+    assert {s.config_hash for s in suite.expand("smoke")} == before
 
 
 # -- no test data is read -----------------------------------------------------------------------------

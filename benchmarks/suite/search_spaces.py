@@ -87,17 +87,40 @@ def _suggest_one(trial, key: str, base: type, tune: Tune) -> Any:
 
 
 class FieldSpace:
-    """The search space of one method, read from its hyperparameter fields."""
+    """The search space of one method, read from its hyperparameter fields; ``keys`` (dotted keys)
+    restricts it to those parameters (a suite's ``tuned.params``), the others keep the cell's values."""
 
-    def __init__(self, method: str):
-        self.method = method
-        self.__name__ = f"{method}_space"
+    def __init__(self, method: str, keys: tuple[str, ...] | None = None):
+        self.method, self.keys = method, tuple(keys) if keys else None
+        self.__name__ = f"{method}_space" + (f"[{','.join(self.keys)}]" if self.keys else "")
+
+    def rows(self, config: dict) -> list[tuple[str, type, Tune]]:
+        """(dotted key, base type, range) the cell ``config`` searches, in suggestion order."""
+        rows = active(self.method, config)
+        if self.keys is None:
+            return rows
+        chosen = [row for row in rows if row[0] in self.keys]
+        missing = [key for key in self.keys if key not in {row[0] for row in chosen}]
+        if missing:
+            raise NoSearchSpaceError(f"method {self.method!r} does not tune {missing} in this cell; it tunes "
+                                     f"{[row[0] for row in rows]}")
+        return chosen
 
     def __call__(self, trial, config: dict) -> dict[str, Any]:
-        return {key: _suggest_one(trial, key, base, tune) for key, base, tune in active(self.method, config)}
+        return {key: _suggest_one(trial, key, base, tune) for key, base, tune in self.rows(config)}
 
 
-def get_space(method: str) -> FieldSpace:
+def tunable_keys(method: str) -> list[str]:
+    """Every dotted key ``method`` can tune in some cell (its fields' ranges, and the evaluation
+    protocol's where it fine-tunes or declares them)."""
+    cls = METHODS.get(method)
+    keys = [f"method.params.{name}" for name, _, _ in tuned_fields(cls.hyper_class)]
+    evaluation = [name for name, _, _ in tuned_fields(EvalConfig)] if cls.finetune_at_eval else []
+    return keys + [f"evaluation.params.{name}" for name in dict.fromkeys([*cls.tune_evaluation, *evaluation])]
+
+
+def get_space(method: str, keys: list[str] | tuple[str, ...] | None = None) -> FieldSpace:
+    """``method``'s search space; ``keys`` restricts it to those dotted keys (each one it can tune)."""
     if method in NOTHING_TO_TUNE:
         raise NoSearchSpaceError(f"method {method!r} has nothing to tune: {NOTHING_TO_TUNE[method]}")
     if method not in METHODS.names():
@@ -107,7 +130,11 @@ def get_space(method: str) -> FieldSpace:
         raise NoSearchSpaceError(
             f"no search space for method {method!r}: {cls.hyper_class.__name__} declares no Tune range "
             f"(add Tune(...) to its fields, or set nothing_to_tune on the method)")
-    return FieldSpace(method)
+    unknown = [key for key in keys or () if key not in tunable_keys(method)]
+    if unknown:
+        raise NoSearchSpaceError(f"method {method!r} cannot tune {unknown}; its tunable keys: "
+                                 f"{tunable_keys(method)}")
+    return FieldSpace(method, tuple(keys) if keys else None)
 
 
 def suggest(trial, config: dict) -> dict[str, Any]:
@@ -115,11 +142,12 @@ def suggest(trial, config: dict) -> dict[str, Any]:
     return get_space(config["method"]["name"])(trial, config)
 
 
-def describe(method: str, config: dict) -> dict[str, str]:
+def describe(method: str, config: dict, keys: list[str] | tuple[str, ...] | None = None) -> dict[str, str]:
     """dotted key -> its range in words, for the cell ``config`` (what a study of it searches)."""
     def words(base, tune):
         if tune.choices:
             return f"one of {list(tune.choices)}"
         return f"{base.__name__} {tune.low:g}..{tune.high:g}{' (log)' if tune.log else ''}"
 
-    return {key: words(base, tune) for key, base, tune in active(method, config)}
+    rows = active(method, config) if keys is None else get_space(method, keys).rows(config)
+    return {key: words(base, tune) for key, base, tune in rows}

@@ -46,7 +46,8 @@ A suite file (``suites/<paper>/<name>.yaml``) holds:
   no ``*.yaml`` glob takes it for a suite) holds the best
   parameters per cell, method and tuning profile with their provenance (see
   :mod:`benchmarks.tuning.tune`); ``profile`` (default: the run's own profile) names the profile whose
-  tuned values every profile uses. A cell whose method is listed and has an entry gets the tuned
+  tuned values every profile uses; ``params`` (``{method: [dotted keys]}``, default: the method's
+  whole space) restricts a method's studies to those keys. A cell whose method is listed and has an entry gets the tuned
   dotted keys set after every other override (as in the study's trials); its :class:`RunSpec` carries
   the provenance (``RunSpec.tuned``) and its runs are tagged ``tuned=true``; other cells keep the
   paper's values (``tuned=false``).

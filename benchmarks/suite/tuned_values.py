@@ -10,7 +10,7 @@ from pfl_core.algorithms import METHODS
 
 from benchmarks.suite.schema import SuiteError, check_keys
 
-TUNED_KEYS = {"methods", "file", "profile"}
+TUNED_KEYS = {"methods", "file", "profile", "params"}
 
 
 _TUNED_CACHE: dict[str, tuple] = {}
@@ -46,6 +46,11 @@ def read_tuned(path: Path) -> dict:
     return _TUNED_CACHE[key][1]
 
 
+def tuned_params(raw: dict, method: str) -> list[str] | None:
+    """The dotted keys the suite's studies of ``method`` search (``tuned.params``; None = all)."""
+    return (tuned_spec(raw).get("params") or {}).get(method)
+
+
 def check_tuned(raw: dict, path: Path) -> None:
     if raw.get("tuned") is None:
         return
@@ -64,3 +69,19 @@ def check_tuned(raw: dict, path: Path) -> None:
     if spec.get("file") is not None and (not isinstance(spec["file"], str) or spec["file"].endswith(".yaml")):
         raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite, not ending in "
                          f".yaml (every *.yaml beside a suite is read as a suite), e.g. {path.stem}.tuned.yml")
+    params = spec.get("params")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise SuiteError(f"{path}: tuned.params: expected a mapping of method name to a list of dotted "
+                             f"keys, e.g. {{perfedavg: [method.params.beta]}}")
+        from benchmarks.suite.search_spaces import NoSearchSpaceError, get_space
+
+        for name, keys in params.items():
+            if methods != "all" and name not in methods:
+                raise SuiteError(f"{path}: tuned.params.{name}: {name!r} is not in tuned.methods {methods}")
+            if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+                raise SuiteError(f"{path}: tuned.params.{name}: expected a non-empty list of dotted keys")
+            try:
+                get_space(name, keys)
+            except NoSearchSpaceError as err:
+                raise SuiteError(f"{path}: tuned.params.{name}: {err}") from None

@@ -16,6 +16,11 @@ Objective
     suite's ``metric.key`` (``acc`` if the round summary has no such key) after the last round,
     averaged over the tuning seeds (default 1000 and 1001), which must differ from every seed of the
     suite's profiles.
+Search space
+    The method's whole space (:mod:`benchmarks.suite.search_spaces`), or only the dotted keys the
+    suite's ``tuned.params`` lists for it (``{perfedavg: [method.params.beta]}``: a value the paper
+    leaves unpublished, every other parameter at the cell's value); the space's name, with those keys,
+    is part of the stored objective, so a study never resumes under another space.
 Intermediate values and pruning
     The tuning seeds run one after the other; every evaluation round reports that seed's value at
     step ``seed_index * rounds + round``, so a step always compares the same (seed, round) across
@@ -65,6 +70,7 @@ from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
 
 from benchmarks.suite.search_spaces import get_space
 from benchmarks.suite.spec import RunSpec, Suite, _apply, cell_id, load_suite
+from benchmarks.suite.tuned_values import tuned_params
 from benchmarks.suite.schema import SuiteError, validate_config
 from benchmarks.tuning.tuned_file import write_tuned
 from benchmarks.tuning.study import (StudyResult, TrialLogger, TuneError, TuneOptions, close_study_run,
@@ -103,7 +109,7 @@ def select(suite: Suite, methods: list[str] | None, cells: dict[str, list[str]] 
             seen.add((cell_id(cell), method))
             out.append((cell, method))
     for _, method in out:
-        get_space(method)  # fail before anything runs
+        get_space(method, tuned_params(suite.raw, method))  # fail before anything runs
     return out
 
 
@@ -174,7 +180,7 @@ class Objective:
         if len(self.specs) != len(opts.seeds):
             raise TuneError(f"{suite.path}: cell {cell_id(cell)} of method {method} did not expand to "
                             f"one run per tuning seed")
-        self.space = get_space(method)
+        self.space = get_space(method, tuned_params(suite.raw, method))
         self.metric = objective_key(suite)
         self.rounds = self.specs[0].config["federation"]["rounds"]
         _, self.notes = tuning_config(self.specs[0].config, opts)
