@@ -378,6 +378,9 @@ def _result(suite: Suite, cid: str, cell: dict[str, str], method: str, opts: Tun
             "tuning_seeds": list(opts.seeds), "seed_values": best.user_attrs.get("seed_values"),
             "validation": describe["validation"], "search_space": describe["search_space"],
             "sampler": opts.sampler, "pruner": opts.pruner, "date": utc_now(), "git_commit": commit,
+            "trial_seconds": round(sum((t.datetime_complete - t.datetime_start).total_seconds()
+                                       for t in study.get_trials(deepcopy=False)
+                                       if t.datetime_complete and t.datetime_start), 1),
             "git_dirty": dirty,
         }
         result.tuned_file = str(write_tuned(suite.tuned_path, suite.key, cid, method, opts.profile,
