@@ -335,6 +335,7 @@ def test_a_tuned_profile_studies_only_the_listed_key_and_only_its_runs_use_the_v
     assert all(list(t.params) == ["method.params.lr"] for t in study.trials)
     entry = yaml.safe_load((path.parent / "onekey.tuned.yml").read_text())["cells"]["setting=dir,method=fedavg"]["fedavg"]
     assert list(entry) == ["tuned"] and list(entry["tuned"]["params"]) == ["method.params.lr"]
+    assert entry["tuned"]["provenance"]["trial_seconds"] > 0  # the studies' cost, for the side-by-side table
     suite = load_suite(path)
     (run,) = suite.expand("tuned", seeds=[0], only={"setting": ["dir"], "method": ["fedavg"]})
     assert run.tuned and run.config["method"]["params"]["lr"] == result.best_params["method.params.lr"]
