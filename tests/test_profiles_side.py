@@ -24,7 +24,8 @@ def suite_file(tmp_path):
                                "methods": {"fedavg": {"method.params.lr": 0.2}}}
     data["published"] += [
         {"cell": {"setting": "dir", "method": "local"}, "mean": 40.0, "source": "Table 1"},
-        {"cell": {"setting": "dir", "method": "fedavg_ft"}, "mean": 60.0, "source": "Table 1"}]
+        {"cell": {"setting": "dir", "method": "fedavg_ft"}, "mean": 60.0, "source": "Table 1"},
+        {"cell": {"setting": "iid", "method": "fedavg"}, "mean": 55.0, "source": "Table 1"}]
     return write_suite(tmp_path / "suites" / "tiny" / "side.yaml", data)
 
 
@@ -73,5 +74,30 @@ def test_a_column_missing_a_published_method_is_named_not_judged(tmp_path):
     files = [snapshot(tmp_path, suite, "smoke", "a.json", drop=[("dir", "fedavg_ft")])]
     column, = profiles_side.build(suite, profiles_side.union(files), ["smoke"])
     line = profiles_side.conclusion_line(column)
-    assert "Not judged: dir (not run: fedavg_ft)" in line
+    assert "Not judged: dir (missing: fedavg_ft)" in line
     assert "ours in 1 of 1 columns" in line and "dir: best" not in line
+
+
+def test_a_tuned_method_without_a_study_is_shown_but_not_judged(tmp_path):
+    """In a profile that takes tuned values, a cell of a tuned method with no study yet is its
+    untuned run: shown as such, and its column not judged."""
+    import yaml
+
+    path = suite_file(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["tuned"] = {"methods": ["fedavg"]}
+    write_suite(path, data)
+    entry = {"params": {"method.params.lr": 0.3}, "provenance": {"trial": 2, "n_trials": 4, "value": 0.8,
+                                                              "metric": "acc_last3", "trial_seconds": 360.0}}
+    (path.parent / "side.tuned.yml").write_text(yaml.safe_dump(
+        {"suite": "tiny/side", "cells": {"setting=dir,method=fedavg": {"fedavg": {"alt": entry}}}}))
+    suite = load_suite(path)
+    files = [snapshot(tmp_path, suite, "smoke", "a.json"), snapshot(tmp_path, suite, "alt", "b.json")]
+    columns = profiles_side.build(suite, profiles_side.union(files), ["smoke", "alt"])
+    alt = columns[1]
+    assert set(alt.tuned) == {"setting=dir,method=fedavg"} and alt.untuned == {"setting=iid,method=fedavg"}
+    text = profiles_side.markdown(suite, columns)
+    assert "58.50 ± 0.50 (no study yet)" in text and "70.50 ± 0.50 †" in text
+    line = profiles_side.conclusion_line(alt)
+    assert "Not judged: iid (missing: fedavg (no study))" in line and "ours in 0 of 1 columns" in line
+    assert "0.10 h of its 1 tuning studies' trials" in text

@@ -39,6 +39,9 @@ class ProfileColumn:
     """Seconds of compute of the runs this profile adds (a lockstep group's wall-clock counted once)."""
     tuned: dict[str, dict] = field(default_factory=dict)
     """Cell id -> the tuned values and their provenance, for cells that take them."""
+    untuned: set[str] = field(default_factory=set)
+    """Cell ids of a method the suite tunes but without a study for this profile yet, in a profile
+    that has studies: not the profile's cell yet (shown, not judged)."""
 
 
 def union(paths: list[Path]) -> SnapshotTracker:
@@ -75,24 +78,29 @@ def build(suite: Suite, tracker: SnapshotTracker, profiles: list[str]) -> list[P
         for run_id in own.get("run_id", []):
             record = by_id[run_id]
             column.compute_s += record["metrics"].get("wall_s", 0.0) / max(1, int(record["tags"].get("lockstep_runs") or 1))
-        for spec in suite.expand(name):
+        specs = suite.expand(name)
+        for spec in specs:
             if spec.tuned:
                 column.tuned.setdefault(spec.cell_id, spec.tuned)
+        if column.tuned:
+            column.untuned = {s.cell_id for s in specs if suite.uses_tuned(s.method) and s.cell_id not in column.tuned}
         columns.append(column)
     return columns
 
 
-def _cell(row: pd.Series | None, same: bool) -> list[str]:
+def _cell(row: pd.Series | None, same: bool, untuned: bool = False) -> list[str]:
     if row is None or not row["n_seeds"]:
         return ["not run", ""]
+    if untuned:
+        return [fmt(row["mean"], row["pm"]) + (" =" if same else "") + " (no study yet)", ""]
     value = fmt(row["mean"], row["pm"]) + (" =" if same else "") + (" †" if row.get("tuned") else "")
     seeds = f" ({int(row['n_seeds'])}/{int(row['expected_seeds'])})" if row["n_seeds"] < row["expected_seeds"] else ""
     return [value + seeds, str(row.get("label") or row.get("verdict") or "")]
 
 
 def missing_methods(column: ProfileColumn) -> dict[str, tuple[list[str], int]]:
-    """Report column label -> (the methods with a published number but no finished run there, how
-    many methods have a published number there), for columns missing some."""
+    """Report column label -> (the methods with a published number but no finished run there, or
+    no study yet, how many methods have a published number there), for columns missing some."""
     report, out = column.report, {}
     method = report.method_axis
     others = [a for a in report.axes if a != method]
@@ -102,6 +110,8 @@ def missing_methods(column: ProfileColumn) -> dict[str, tuple[list[str], int]]:
             total[0] += 1
             if not row["n_seeds"]:
                 missing.append(row[method])
+            elif cell_id({a: row[a] for a in report.axes}) in column.untuned:
+                missing.append(f"{row[method]} (no study)")
     return {label: (missing, total[0]) for label, (missing, total) in out.items() if missing}
 
 
@@ -110,14 +120,15 @@ def conclusion_line(column: ProfileColumn) -> str:
     tau; a column where some method has no run is named, not judged."""
     missing = missing_methods(column)
     found = [c for c in column.report.conclusions if c.column not in missing]
-    partial = [f"{label} (no run)" if len(methods) == total else f"{label} (not run: {', '.join(methods)})"
+    partial = [f"{label} (no run)" if len(methods) == total else f"{label} (missing: {', '.join(methods)})"
                for label, (methods, total) in missing.items()]
     skipped = f" Not judged: {'; '.join(partial)}." if partial else ""
     if not found:
         return f"- **{column.name}**: no column has every method run.{skipped}"
     holds = [c for c in found if c.best_holds]
     taus = [c.tau for c in found if not math.isnan(c.tau)]
-    parts = "; ".join(f"{c.column}: best {c.best_ours} (paper {c.best_paper}), tau {c.tau:+.2f}" for c in found)
+    parts = "; ".join(f"{c.column}: best {c.best_ours} (paper {c.best_paper}), tau "
+                      + ("n/a" if math.isnan(c.tau) else f"{c.tau:+.2f}") for c in found)
     verdict = "holds" if len(holds) == len(found) else ("holds in part" if holds else "does not hold")
     mean_tau = f", mean tau {sum(taus) / len(taus):+.2f}" if taus else ""
     return (f"- **{column.name}**: the paper's ranking {verdict} (its best method is ours in {len(holds)} of "
@@ -136,14 +147,15 @@ def markdown(suite: Suite, columns: list[ProfileColumn]) -> str:
         published = fmt(first["published_mean"], first["published_pm"]) if not pd.isna(first["published_mean"]) else ""
         cid, cells = cell_id(dict(zip(axes, key))), []
         for c in columns:
-            cells += _cell(tables[c.name].get(key), cid in c.same_as_first)
+            cells += _cell(tables[c.name].get(key), cid in c.same_as_first, cid in c.untuned)
         rows.append("| " + " | ".join([*map(str, key), published, *cells]) + " |")
     metrics = "; ".join(f"`{c.name}`: {c.report.metric.aggregate} of `{c.report.metric.key}`" for c in columns)
     lines = [f"# {suite.raw.get('table', suite.key)} ({suite.key}): profiles side by side", "",
              f"Each profile aggregated and judged by its own metric ({metrics}); mean ± spread over seeds, "
              "the seeds finished shown where fewer than the profile's. `=`: the profile does not change this "
-             f"cell, so these are the `{columns[0].name}` profile's runs; †: tuned values (below); not run: no finished run "
-             "in the snapshots.", "", *head, *rows, "", "## Does the paper's ranking hold?", ""]
+             f"cell, so these are the `{columns[0].name}` profile's runs; †: tuned values (below); no study yet: a "
+             "method the profile tunes, not tuned in this cell yet (its untuned run shown, not judged); not run: no "
+             "finished run in the snapshots.", "", *head, *rows, "", "## Does the paper's ranking hold?", ""]
     lines += [conclusion_line(c) for c in columns]
     lines += ["", "## Compute", ""]
     for c in columns:
