@@ -233,7 +233,7 @@ def test_markdown_header_caption_notice_and_legend(reported):
     assert suite.raw["caption"].strip() in text
     notice = [line for line in text.splitlines() if NOTICE in line]
     assert len(notice) == 1
-    assert "`smoke` profile" in notice[0] and "offline data" in notice[0]
+    assert "`smoke` profile (tests), not the published setup" in notice[0] and "offline data" in notice[0]  # what it cut
     assert f"`{suite.metric['key']}`" in text and suite.metric["label"] in text
     assert f"ddof={suite.metric['ddof']}" in text
     assert "Legend:" in text and "- **no reference**:" in text and "Does the paper's conclusion hold?" in text

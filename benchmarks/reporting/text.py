@@ -50,7 +50,9 @@ def notice(report: SuiteReport) -> str:
     """Why the numbers are not comparable with the paper ('' when they are)."""
     why = []
     if report.profile != "paper":
-        why.append(f"it was run with the `{report.profile}` profile, not the published setup")
+        cut = ((report.suite.raw.get("profiles") or {}).get(report.profile) or {}).get("description")
+        why.append(f"it was run with the `{report.profile}` profile"
+                   + (f" ({str(cut).strip().rstrip('.')})" if cut else "") + ", not the published setup")
     if report.offline:
         why.append("it ran on offline data (generated or bundled), not the paper's dataset")
     return f"Not comparable with the paper: {'; '.join(why)}." if why else ""
