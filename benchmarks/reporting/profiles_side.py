@@ -59,26 +59,26 @@ def union(paths: list[Path]) -> SnapshotTracker:
     return SnapshotTracker(keys.pop(), {}, records)
 
 
-def _hashes(suite: Suite, profile: str) -> dict[str, set[str]]:
+def _hashes(specs: list) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    for spec in suite.expand(profile):
+    for spec in specs:
         out.setdefault(spec.cell_id, set()).add(spec.config_hash)
     return out
 
 
 def build(suite: Suite, tracker: SnapshotTracker, profiles: list[str]) -> list[ProfileColumn]:
-    first = _hashes(suite, profiles[0])
+    first = _hashes(suite.expand(profiles[0]))
     by_id = {r["run_id"]: r for r in tracker.records}
     columns = []
     for name in profiles:
         report = build_suite_report(suite, tracker, name)
-        hashes = _hashes(suite, name)
+        specs = suite.expand(name)
+        hashes = _hashes(specs)
         column = ProfileColumn(name, report, {c for c, h in hashes.items() if name != profiles[0] and h == first.get(c)})
         own = report.runs[~report.runs["cell"].isin(column.same_as_first)] if not report.runs.empty else report.runs
         for run_id in own.get("run_id", []):
             record = by_id[run_id]
             column.compute_s += record["metrics"].get("wall_s", 0.0) / max(1, int(record["tags"].get("lockstep_runs") or 1))
-        specs = suite.expand(name)
         for spec in specs:
             if spec.tuned:
                 column.tuned.setdefault(spec.cell_id, spec.tuned)

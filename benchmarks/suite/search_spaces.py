@@ -130,10 +130,10 @@ def get_space(method: str, keys: list[str] | tuple[str, ...] | None = None) -> F
         raise NoSearchSpaceError(
             f"no search space for method {method!r}: {cls.hyper_class.__name__} declares no Tune range "
             f"(add Tune(...) to its fields, or set nothing_to_tune on the method)")
-    unknown = [key for key in keys or () if key not in tunable_keys(method)]
+    allowed = tunable_keys(method)
+    unknown = [key for key in keys or () if key not in allowed]
     if unknown:
-        raise NoSearchSpaceError(f"method {method!r} cannot tune {unknown}; its tunable keys: "
-                                 f"{tunable_keys(method)}")
+        raise NoSearchSpaceError(f"method {method!r} cannot tune {unknown}; its tunable keys: {allowed}")
     return FieldSpace(method, tuple(keys) if keys else None)
 
 
@@ -149,5 +149,4 @@ def describe(method: str, config: dict, keys: list[str] | tuple[str, ...] | None
             return f"one of {list(tune.choices)}"
         return f"{base.__name__} {tune.low:g}..{tune.high:g}{' (log)' if tune.log else ''}"
 
-    rows = active(method, config) if keys is None else get_space(method, keys).rows(config)
-    return {key: words(base, tune) for key, base, tune in rows}
+    return {key: words(base, tune) for key, base, tune in FieldSpace(method, keys).rows(config)}
