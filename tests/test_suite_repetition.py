@@ -18,3 +18,18 @@ def test_the_measure_counts_recurring_lines_and_splits_bare_keys(tmp_path, capsy
     assert rep.counts["caption: >"] == 2
     main([str(tmp_path)])
     assert "recurring elsewhere: 8 (61.5%)" in capsys.readouterr().out
+
+
+def test_a_tuned_values_file_is_named_but_not_measured(tmp_path, capsys):
+    (tmp_path / "a.yaml").write_text("profiles:\n  smoke:\n    seeds: [0]\n")
+    (tmp_path / "b.yaml").write_text("profiles:\n  quick:\n    seeds: [1]\n")
+    (tmp_path / "a.tuned.yml").write_text("# Written by `pflbench tune`\ncells:\n  x:\n    profiles:\n"
+                                          "      seeds: [0]\n      seeds: [1]\n")
+    rep = measure(tmp_path)
+    # only a.yaml and b.yaml: "profiles:" recurs (2 of 6); the tuned file's copies of the other lines do not count
+    assert (rep.files, rep.lines, rep.recurring) == (2, 6, 2)
+    assert (rep.tuned_files, rep.tuned_lines) == (1, 5)
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "recurring elsewhere: 2 (33.3%)" in out
+    assert "not counted: 5 lines in 1 tuned-values file(s) (*.tuned.yml, written by pflbench tune)" in out

@@ -1,7 +1,10 @@
 """How much of the suite files repeats itself: ``python -m benchmarks.suite.repetition [FOLDER]``.
 
 The measure (issue 38, item 2), over every ``*.yml`` and ``*.yaml`` file below ``FOLDER`` (default:
-the packaged ``suites/``, shared ``_*.yml`` files included):
+the packaged ``suites/``, shared ``_*.yml`` files included) that a person writes. The tuned-values
+files ``*.tuned.yml`` are left out and counted on a line of their own: ``pflbench tune`` writes them
+(their header says to edit by re-tuning), one entry per study with the same provenance fields, so
+their repetition is a record's schema, not something an author restates.
 
 * a *line* is a line of such a file whose text, stripped of leading and trailing white space, is
   neither empty nor a comment (starts with ``#``); a trailing comment stays part of its line;
@@ -39,6 +42,9 @@ class Repetition:
     recurring: int
     bare_keys: int
     counts: Counter
+    tuned_files: int = 0
+    tuned_lines: int = 0
+    """The machine-written ``*.tuned.yml`` files and their lines, not in the measure."""
 
     @property
     def content(self) -> int:
@@ -48,22 +54,31 @@ class Repetition:
         return count / self.lines if self.lines else 0.0
 
 
-def suite_lines(folder: Path) -> tuple[int, list[str]]:
-    """(number of files, the stripped non-blank, non-comment lines of every ``*.y*ml`` below ``folder``)."""
-    files = sorted(p for p in folder.glob("**/*.y*ml") if p.suffix in (".yml", ".yaml"))
-    lines = [s for p in files for s in (line.strip() for line in p.read_text(encoding="utf-8").splitlines())
-             if s and not s.startswith("#")]
-    return len(files), lines
+TUNED_SUFFIX = ".tuned.yml"
+"""The name ending of the tuned-values files ``pflbench tune`` writes (a suite's default ``tuned.file``)."""
+
+
+def yaml_files(folder: Path, tuned: bool = False) -> list[Path]:
+    """The ``*.yml``/``*.yaml`` files below ``folder``: the written ones, or (``tuned``) the tuned-values files."""
+    return sorted(p for p in folder.glob("**/*.y*ml")
+                  if p.suffix in (".yml", ".yaml") and p.name.endswith(TUNED_SUFFIX) == tuned)
+
+
+def file_lines(files: list[Path]) -> list[str]:
+    """The stripped non-blank, non-comment lines of ``files``."""
+    return [s for p in files for s in (line.strip() for line in p.read_text(encoding="utf-8").splitlines())
+            if s and not s.startswith("#")]
 
 
 def measure(folder: Path) -> Repetition:
     """The repetition of the suite files below ``folder`` (module docstring)."""
-    files, lines = suite_lines(folder)
+    files, tuned = yaml_files(folder), yaml_files(folder, tuned=True)
+    lines = file_lines(files)
     counts = Counter(lines)
     recurring = [s for s in lines if counts[s] > 1]
     bare = sum(1 for s in recurring if BARE_KEY.match(s))
-    return Repetition(files, len(lines), len(recurring), bare,
-                      Counter({s: n for s, n in counts.items() if n > 1}))
+    return Repetition(len(files), len(lines), len(recurring), bare,
+                      Counter({s: n for s, n in counts.items() if n > 1}), len(tuned), len(file_lines(tuned)))
 
 
 def report(rep: Repetition, top: int = 0) -> str:
@@ -72,6 +87,9 @@ def report(rep: Repetition, top: int = 0) -> str:
            f"recurring elsewhere: {rep.recurring} ({rep.share(rep.recurring):.1%})",
            f"  bare section keys: {rep.bare_keys} ({rep.share(rep.bare_keys):.1%})",
            f"  content:           {rep.content} ({rep.share(rep.content):.1%})"]
+    if rep.tuned_files:
+        out.append(f"not counted: {rep.tuned_lines} lines in {rep.tuned_files} tuned-values file(s) "
+                   f"(*{TUNED_SUFFIX}, written by pflbench tune)")
     content = [(n, s) for s, n in rep.counts.most_common() if not BARE_KEY.match(s)]
     out += [f"  {n:3d}x {s[:110]}" for n, s in content[:top]]
     return "\n".join(out)
