@@ -475,3 +475,25 @@ def test_tuning_pixel_statistics_ignore_test_clients_and_test_splits(monkeypatch
     assert not torch.equal(mean, table_mean)
     with pytest.raises(SuiteError, match="normalize_stats"):
         validate_config({**tuning_cfg, "data": {**tuning_cfg["data"], "normalize_stats": "dataset"}}, "here")
+
+
+def test_tuned_profiles_keeps_every_other_profile_untuned_and_refuses_to_tune_for_it(tmp_path, isolated, no_git, mlstore):
+    """``tuned.profiles: [tuned]`` (CGPFL Table 1): a tuned-file entry written for ``smoke`` (as a
+    ``pflbench tune`` without ``--profile tuned`` would have written it) is taken by no run, and
+    ``pflbench tune --profile smoke`` refuses in one line naming the profile to use."""
+    data = suite_dict("guarded", tuned=False)
+    data["tuned"] = {"methods": ["fedavg"], "profiles": ["tuned"]}
+    data["profiles"]["tuned"] = {"like": "smoke", "description": "smoke with fedavg's values tuned"}
+    path = write_suite(tmp_path / "suites" / "tiny" / "guarded.yaml", data)
+    entry = {"params": {"method.params.lr": 0.123}, "provenance": {"trial": 0}}
+    (path.parent / "guarded.tuned.yml").write_text(yaml.safe_dump(
+        {"suite": "tiny/guarded", "cells": {"setting=dir,method=fedavg": {"fedavg": {"smoke": entry, "tuned": entry}}}}))
+    suite = load_suite(path)
+    only = {"setting": ["dir"], "method": ["fedavg"]}
+    assert all(s.tuned is None for s in suite.expand("smoke", only=only))
+    assert all(s.tuned and s.config["method"]["params"]["lr"] == 0.123 for s in suite.expand("tuned", only=only))
+    with pytest.raises(TuneError, match=r"tuned.profiles is \['tuned'\].*tune with --profile tuned$"):
+        tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, profile="smoke", trials=1))
+    data["tuned"]["profiles"] = ["colour"]
+    with pytest.raises(SuiteError, match=r"tuned.profiles: unknown profile 'colour'"):
+        load_suite(write_suite(tmp_path / "suites" / "tiny" / "bad.yaml", data))

@@ -82,7 +82,7 @@ from benchmarks.suite.schema import (AXIS_KEYS, FREE_FORM, PROFILE_KEYS, PROFILE
                                      check_placeholders, check_published_numbers, check_seeds, check_source,
                                      leaves, matches, substitute_seed, validate_config)
 from benchmarks.suite.packaged import resolve_suite
-from benchmarks.suite.tuned_values import check_tuned, read_tuned, tuned_spec
+from benchmarks.suite.tuned_values import check_tuned, read_tuned, tuned_profiles, tuned_spec
 
 
 #: bump when a change of the core changes what every identical config computes; it changes every
@@ -315,6 +315,8 @@ class Suite:
     def _tuned_entry(self, cell: dict[str, str], method: str, profile: str) -> dict | None:
         if not self.uses_tuned(method):
             return None
+        if tuned_profiles(self.raw) is not None and profile not in tuned_profiles(self.raw):
+            return None  # tuned.profiles: only those profiles' runs take tuned values
         source = tuned_spec(self.raw).get("profile") or profile
         entry = (((read_tuned(self.tuned_path).get("cells") or {}).get(cell_id(cell)) or {})
                  .get(method) or {}).get(source)

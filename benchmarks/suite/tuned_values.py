@@ -10,7 +10,7 @@ from pfl_core.algorithms import METHODS
 
 from benchmarks.suite.schema import SuiteError, check_keys
 
-TUNED_KEYS = {"methods", "file", "profile", "params"}
+TUNED_KEYS = {"methods", "file", "profile", "params", "profiles"}
 
 
 _TUNED_CACHE: dict[str, tuple] = {}
@@ -46,6 +46,12 @@ def read_tuned(path: Path) -> dict:
     return _TUNED_CACHE[key][1]
 
 
+def tuned_profiles(raw: dict) -> list[str] | None:
+    """The profiles whose runs take tuned values and which ``pflbench tune`` may tune for
+    (``tuned.profiles``; None = every profile)."""
+    return tuned_spec(raw).get("profiles")
+
+
 def tuned_params(raw: dict, method: str) -> list[str] | None:
     """The dotted keys the suite's studies of ``method`` search (``tuned.params``; None = all)."""
     return (tuned_spec(raw).get("params") or {}).get(method)
@@ -66,6 +72,14 @@ def check_tuned(raw: dict, path: Path) -> None:
     profile = spec.get("profile")
     if profile is not None and profile != "paper" and profile not in (raw.get("profiles") or {}):
         raise SuiteError(f"{path}: tuned.profile: unknown profile {profile!r}")
+    profiles = spec.get("profiles")
+    if profiles is not None:
+        known = ["paper", *(raw.get("profiles") or {})]
+        if not isinstance(profiles, list) or not profiles or not all(isinstance(p, str) for p in profiles):
+            raise SuiteError(f"{path}: tuned.profiles: expected a non-empty list of profile names, e.g. [tuned]")
+        for name in profiles:
+            if name not in known:
+                raise SuiteError(f"{path}: tuned.profiles: unknown profile {name!r}; the suite's: {known}")
     if spec.get("file") is not None and (not isinstance(spec["file"], str) or spec["file"].endswith(".yaml")):
         raise SuiteError(f"{path}: tuned.file: expected a file name relative to the suite, not ending in "
                          f".yaml (every *.yaml beside a suite is read as a suite), e.g. {path.stem}.tuned.yml")

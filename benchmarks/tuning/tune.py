@@ -70,7 +70,7 @@ from pfl_core.evaluation import EVAL_KEY_PREFIXES, EVAL_KEYS
 
 from benchmarks.suite.search_spaces import get_space
 from benchmarks.suite.spec import RunSpec, Suite, _apply, cell_id, load_suite
-from benchmarks.suite.tuned_values import tuned_params
+from benchmarks.suite.tuned_values import tuned_params, tuned_profiles, tuned_spec
 from benchmarks.suite.schema import SuiteError, validate_config
 from benchmarks.tuning.tuned_file import write_tuned
 from benchmarks.tuning.study import (StudyResult, TrialLogger, TuneError, TuneOptions, close_study_run,
@@ -397,6 +397,12 @@ def tune(suite_path: str | Path, methods: list[str] | None = None, cells: dict[s
         raise TuneError("--trials must be >= 1")
     suite = load_suite(suite_path)
     suite._profile(opts.profile)
+    allowed = tuned_profiles(suite.raw)
+    source = tuned_spec(suite.raw).get("profile")
+    if allowed is not None and opts.profile not in allowed and opts.profile != source:
+        raise TuneError(f"{suite.path}: tuned.profiles is {allowed}: only those profiles' runs take tuned values, "
+                        f"so a study for profile {opts.profile!r} would be used by none; tune with --profile "
+                        f"{source or allowed[0]}")
     check_seeds(suite, opts.seeds)
     make_sampler(opts), make_pruner(opts, 1)
     return [tune_cell(suite, cell, method, opts, executor)
