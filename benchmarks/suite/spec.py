@@ -315,7 +315,8 @@ class Suite:
     def _tuned_entry(self, cell: dict[str, str], method: str, profile: str) -> dict | None:
         if not self.uses_tuned(method):
             return None
-        if tuned_profiles(self.raw) is not None and profile not in tuned_profiles(self.raw):
+        allowed = tuned_profiles(self.raw)
+        if allowed is not None and profile not in allowed:
             return None  # tuned.profiles: only those profiles' runs take tuned values
         source = tuned_spec(self.raw).get("profile") or profile
         entry = (((read_tuned(self.tuned_path).get("cells") or {}).get(cell_id(cell)) or {})
