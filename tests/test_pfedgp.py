@@ -269,3 +269,30 @@ def test_tree_head_runs_sequentially_and_reproducibly():
             assert torch.equal(run.server["params"][k], v)
         assert run.final.summary == runs[0].final.summary
     assert not torch.equal(runs[0].server["params"]["0.weight"], model_params(tiny_backbone())["0.weight"])
+
+
+def test_tree_head_draws_each_clients_gibbs_chains_once_per_evaluation_with_a_val_split(monkeypatch):
+    """With ``val_split`` the evaluation passes over the clients twice (test, then val); the val
+    pass reuses each client's Gibbs draws and must give the numbers of a fresh fit."""
+    from pfl_core.algorithms._lib.gp_tree import TreeGP
+
+    fed = balanced_federation(clients=3, per_class=4, classes=(0, 1, 2), num_classes=3)
+    for client in fed.clients:  # a val split: the first train sample of each class
+        client.splits["val"] = client.splits["train"][::4]
+    algorithm = make_method("pfedgp", tiny_backbone(), lr=0.1, gibbs_draws_train=3, gibbs_draws_test=3, pg_terms=30)
+    cfg = FederationConfig(rounds=2, clients_per_round=2, batch_size=4)
+    run = run_federation(algorithm, fed, model_params(tiny_backbone()), cfg,
+                         SeenClients(EvalConfig(steps=0, reduction="sample")), RunStreams(0))
+    calls = []
+    original = TreeGP.gibbs_tree
+    monkeypatch.setattr(TreeGP, "gibbs_tree", lambda self, *a: calls.append(1) or original(self, *a))
+
+    both = SeenClients(EvalConfig(steps=0, reduction="sample", val_split="val"))
+    algorithm._gibbs_cache = algorithm._tree_cache = None  # the run's last evaluation fitted these params
+    summary = both.evaluate(algorithm, run.server, run.contexts).summary
+    assert len(calls) == len(fed.clients)  # not twice: the val pass refits the factors only
+    algorithm._gibbs_cache = algorithm._tree_cache = None  # a fresh fit of the val split
+    alone = SeenClients(EvalConfig(steps=0, reduction="sample", split="val"))
+    fresh = alone.evaluate(algorithm, run.server, run.contexts).summary
+    assert len(calls) == 2 * len(fed.clients)
+    assert {k: summary[f"val_{k}"] for k in fresh} == fresh

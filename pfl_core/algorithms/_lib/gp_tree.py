@@ -136,13 +136,29 @@ class TreeGP:
     def fit_tree(self, train_z, train_y, tree: list[TreeNode], generator) -> list[tuple]:
         """Every node's GP conditioned on all its train samples (test Gibbs settings), kept for
         predicting any number of test batches (the code reuses the first batch's Gibbs state)."""
-        fitted = []
+        return self.factor_tree(train_z, train_y, tree, self.gibbs_tree(train_z, train_y, tree, generator))
+
+    def _node_data(self, train_z, train_y, node: TreeNode):
+        """A node's train features, kappa (+1/2 left, -1/2 right) and kernel."""
+        rows = torch.isin(train_y, torch.tensor(node.classes, device=train_y.device))
+        fit_z = train_z[rows]
+        kappa = torch.isin(train_y[rows], torch.tensor(node.left, device=train_y.device)).to(fit_z.dtype) - 0.5
+        return fit_z, kappa, self.kernel(fit_z)
+
+    def gibbs_tree(self, train_z, train_y, tree: list[TreeNode], generator) -> list[torch.Tensor]:
+        """The final Polya-Gamma draws omega [draws, N_node] of every node (breadth first), the
+        Gibbs chains in the order :meth:`fit_tree` runs them."""
+        omegas = []
         for node in tree:
-            rows = torch.isin(train_y, torch.tensor(node.classes, device=train_y.device))
-            fit_z = train_z[rows]
-            kappa = torch.isin(train_y[rows], torch.tensor(node.left, device=train_y.device)).to(fit_z.dtype) - 0.5
-            k = self.kernel(fit_z)
-            omega = gp.pg_gibbs(k, kappa, self.test.draws, self.test.steps, generator, self.test.pg_terms)
+            _, kappa, k = self._node_data(train_z, train_y, node)
+            omegas.append(gp.pg_gibbs(k, kappa, self.test.draws, self.test.steps, generator, self.test.pg_terms))
+        return omegas
+
+    def factor_tree(self, train_z, train_y, tree: list[TreeNode], omegas: list[torch.Tensor]) -> list[tuple]:
+        """:meth:`fit_tree` from the nodes' Gibbs draws (the posterior factors only)."""
+        fitted = []
+        for node, omega in zip(tree, omegas, strict=True):
+            fit_z, kappa, k = self._node_data(train_z, train_y, node)
             fitted.append((node, fit_z, *gp.pg_posterior_factor(k, kappa, omega)))
         return fitted
 
