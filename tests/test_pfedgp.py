@@ -296,3 +296,10 @@ def test_tree_head_draws_each_clients_gibbs_chains_once_per_evaluation_with_a_va
     fresh = alone.evaluate(algorithm, run.server, run.contexts).summary
     assert len(calls) == 2 * len(fed.clients)
     assert {k: summary[f"val_{k}"] for k in fresh} == fresh
+
+
+def test_the_evaluation_benchmark_gives_the_same_summary_on_both_paths():
+    from benchmarks.timing.pfedgp_eval import main
+
+    small = ["--train", "24", "--test", "6"]
+    assert main(small) == main(small + ["--refit"])
