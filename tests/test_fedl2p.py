@@ -544,3 +544,18 @@ def test_fedl2p_and_l2p_run_through_the_experiment_and_finetune_pretrained(tmp_p
     assert arrays["eta"].shape == (2, 62) and np.isfinite(arrays["eta"]).all()  # eta-tilde may turn negative
     assert not np.allclose(arrays["eta"], 0.05)  # not the protocol's FT lr
     assert 0 <= result.metrics["acc_pooled"] <= 100
+
+
+def test_stage_two_training_reads_no_federation_reshuffle():
+    """FedL2P's clients cycle their own reshuffled streams, so ``federation.reshuffle`` (false in the
+    stage-2 blocks of Tables 1-2, true in other settings) moves no number (docs/papers/fedl2p.md)."""
+    runs = []
+    for reshuffle in (False, True):
+        fed = l2p_federation(sizes=(8, 8))
+        algorithm, model = make()
+        cfg = FederationConfig(rounds=2, clients_per_round=2, batch_size=3, reshuffle=reshuffle, drop_last=False)
+        runs.append(run_federation(algorithm, fed, model_params(model), cfg,
+                                   SeenClients(EvalConfig(steps=0, lr=0.1, reduction="sample")), RunStreams(0)))
+    assert runs[0].history == runs[1].history
+    for key, value in runs[0].server["lambda"].items():
+        assert torch.equal(runs[1].server["lambda"][key], value)
