@@ -143,17 +143,21 @@ def paper_bars(report: SuiteReport):
     return fig
 
 
-def _curve_stats(report: SuiteReport, cell: str):
-    key = report.metric.curve_metric
+def _curve_stats(report: SuiteReport, cell: str, key: str | None = None, scale: float | None = None):
+    """The seed-mean history ``key`` (default: the fine-tuning curve) of a cell's finished runs, its
+    ± band and steps (those every seed logged), or None."""
+    key = key or report.metric.curve_metric
+    scale = report.metric.scale if scale is None else scale
     done = report.runs[(report.runs["cell"] == cell) & (report.runs["status"] == "FINISHED")]
-    curves = [[h[k] * report.metric.scale for k in sorted(h)] for h in (r.get(key) or {} for r in done["histories"])]
-    curves = [c for c in curves if c]
-    if not curves:
+    histories = [h for h in (r.get(key) or {} for r in done["histories"]) if h]
+    if not histories:
         return None
-    n = min(map(len, curves))
-    grid = np.array([c[:n] for c in curves])
-    band = np.array([spread(grid[:, k], report.metric.pm, report.metric.ddof) for k in range(n)])
-    return grid.mean(axis=0), np.nan_to_num(band)
+    steps = sorted(set.intersection(*(set(h) for h in histories)))
+    if not steps:
+        return None
+    grid = np.array([[h[k] * scale for k in steps] for h in histories])
+    band = np.array([spread(grid[:, k], report.metric.pm, report.metric.ddof) for k in range(len(steps))])
+    return grid.mean(axis=0), np.nan_to_num(band), np.array(steps)
 
 
 def paper_curves(report: SuiteReport):
@@ -168,7 +172,7 @@ def paper_curves(report: SuiteReport):
             stats = _curve_stats(report, cell_id({a: row[a] for a in report.axes}))
             if stats is None:
                 continue
-            mean, band = stats
+            mean, band, _ = stats
             steps = np.arange(len(mean))
             line, = ax.plot(steps, mean, label=row[method] if method else None, marker="." if len(mean) == 1 else None)
             ax.fill_between(steps, mean - band, mean + band, color=line.get_color(), alpha=0.2)
@@ -177,6 +181,34 @@ def paper_curves(report: SuiteReport):
         ax.set_ylabel(report.metric.label, fontsize=7)
         ax.legend(fontsize=6)
     fig.suptitle(f"{report.suite.key}: accuracy vs personalization steps (band: ±{report.metric.pm})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def paper_round_curves(report: SuiteReport):
+    """CGPFL Figs. 1-2 form: per column, the seed-mean per-round test accuracy (top) and training
+    loss (bottom, ``metric.loss_metric``) of every method, with ± bands over seeds."""
+    from benchmarks.suite.spec import cell_id
+
+    method, groups, metric = report.method_axis, _columns(report), report.metric
+    fig, axes = plt.subplots(2, len(groups), figsize=(4.6 * len(groups), 6.4), squeeze=False)
+    for col, (_, g) in enumerate(groups):
+        for row_ax, key, scale, label in ((axes[0][col], metric.round_key, metric.scale, metric.label),
+                                          (axes[1][col], metric.loss_metric, 1.0, metric.loss_metric)):
+            for _, row in g.iterrows():
+                stats = _curve_stats(report, cell_id({a: row[a] for a in report.axes}), key, scale)
+                if stats is None:
+                    continue
+                mean, band, steps = stats
+                line, = row_ax.plot(steps, mean, label=row[method] if method else None, lw=1.0)
+                row_ax.fill_between(steps, mean - band, mean + band, color=line.get_color(), alpha=0.2)
+            row_ax.set_xlabel("round", fontsize=8)
+            row_ax.set_ylabel(label, fontsize=7)
+            if row_ax.lines:
+                row_ax.legend(fontsize=6)
+        axes[0][col].set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
+    fig.suptitle(f"{report.suite.key}: test accuracy and training loss over rounds (band: ±{metric.pm} over seeds)",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -208,6 +240,8 @@ def suite_figures(report: SuiteReport) -> dict[str, object]:
         figures["figure"] = paper_bars(report)
     elif kind == "curves":
         figures["figure"] = paper_curves(report)
+    elif kind == "round_curves":
+        figures["figure"] = paper_round_curves(report)
     elif kind == "line":
         figures["figure"] = paper_line(report)
     elif kind in qualitative.KINDS:

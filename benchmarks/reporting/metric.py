@@ -14,11 +14,14 @@ Keys (all but ``key`` optional)::
       curve_metric: curve/acc   # last3_of_seed_mean_curve: the per-step fine-tuning curve
       select_metric: round/val_acc_weighted  # best_val_round: the validation history selected on
       tolerance: 1.0            # absolute (metric units) where the paper gives no spread
-      figure: table             # table | bars | curves | line | tsne | dlg | ari | hyperparameters |
-                                # cluster_map | cluster_map_all: the paper's figure form (tsne, dlg:
+      figure: table             # table | bars | curves | round_curves | line | tsne | dlg | ari |
+                                # hyperparameters | cluster_map | cluster_map_all: the paper's figure
+                                # form (round_curves: the per-round history of key and of
+                                # loss_metric, e.g. CGPFL Figs. 1-2; tsne, dlg:
                                 # drawn from the runs' evaluation.analyses arrays; the FedL2P forms
                                 # from their personalization.npz, benchmarks.reporting.personalization)
       x_axis: samples           # line: the grid axis on the x axis (numeric labels)
+      loss_metric: round/train_loss  # round_curves: the loss history drawn below the accuracy
       sample_sd: true           # also show the sample SD (ddof 1) of our seeds beside "ours" (FedL2P:
                                 # the paper's ± is shown with ddof 0, an unstated convention)
 """
@@ -31,7 +34,7 @@ from benchmarks.suite.spec import Suite
 from benchmarks.suite.schema import SuiteError
 
 AGGREGATES = ("final", "last3_of_seed_mean_curve", "best_val_round", "max_over_rounds")
-FIGURES = ("table", "bars", "curves", "line", "tsne", "dlg", "ari", "hyperparameters", "cluster_map", "cluster_map_all")
+FIGURES = ("table", "bars", "curves", "round_curves", "line", "tsne", "dlg", "ari", "hyperparameters", "cluster_map", "cluster_map_all")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class MetricSpec:
     tolerance: float | None = None
     figure: str = "table"
     x_axis: str | None = None
+    loss_metric: str = "round/train_loss"
     sample_sd: bool = False
     """Show the sample SD (ddof 1) of our seeds as a column beside "ours" (whose spread follows the
     paper's ``pm``/``ddof``): where the paper's ddof is unknown, both are shown."""
@@ -69,6 +73,12 @@ class MetricSpec:
         keys = {"last3_of_seed_mean_curve": [self.curve_metric], "best_val_round": [self.key, self.select_metric],
                 "max_over_rounds": [self.round_key], "final": []}
         return list(dict.fromkeys(k for agg in (self.aggregate, *self.also) for k in keys[agg]))
+
+    @property
+    def figure_histories(self) -> tuple[str, ...]:
+        """The histories the paper figure draws (``curves``: the fine-tuning curve; ``round_curves``:
+        the metric's and the loss's per-round histories)."""
+        return {"curves": (self.curve_metric,), "round_curves": (self.round_key, self.loss_metric)}.get(self.figure, ())
 
     def describe(self) -> str:
         """One sentence on how a cell's number is computed (for the table legend)."""

@@ -29,7 +29,7 @@ def history_keys(suite: Suite) -> list[str]:
     keys = []
     for profile in suite.profiles:
         metric = metric_spec(suite, profile)
-        keys += [*metric.history_keys, *((metric.curve_metric,) if metric.figure == "curves" else ())]
+        keys += [*metric.history_keys, *metric.figure_histories]
     return list(dict.fromkeys(keys))
 
 

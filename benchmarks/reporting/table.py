@@ -174,7 +174,7 @@ def conclusions(report_axes: list[str], method: str | None, table: pd.DataFrame,
 def build_suite_report(suite: Suite, tracker: Tracker, profile: str = "paper") -> SuiteReport:
     """Collect the suite's runs of ``profile`` from the store and compute every cell."""
     metric = metric_spec(suite, profile)
-    extra = (metric.curve_metric,) if metric.figure == "curves" else ()
+    extra = metric.figure_histories
     specs = suite.expand(profile)
     runs = collect_runs(suite, tracker, profile, metric, extra, specs)
     expected = len(specs) // max(len(suite.cells()), 1)
