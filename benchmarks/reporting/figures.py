@@ -206,6 +206,8 @@ def paper_round_curves(report: SuiteReport):
             row_ax.set_ylabel(label, fontsize=7)
             if row_ax.lines:
                 row_ax.legend(fontsize=6)
+            else:
+                row_ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=row_ax.transAxes, color="grey")
         axes[0][col].set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
     fig.suptitle(f"{report.suite.key}: test accuracy and training loss over rounds (band: ±{metric.pm} over seeds)",
                  fontsize=10)
