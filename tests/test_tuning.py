@@ -497,3 +497,24 @@ def test_tuned_profiles_keeps_every_other_profile_untuned_and_refuses_to_tune_fo
     data["tuned"]["profiles"] = ["colour"]
     with pytest.raises(SuiteError, match=r"tuned.profiles: unknown profile 'colour'"):
         load_suite(write_suite(tmp_path / "suites" / "tiny" / "bad.yaml", data))
+
+
+def test_trial_seconds_leave_out_trials_failed_as_stale():
+    """A trial whose worker died spans from its start until the death was noticed (hours, not
+    compute): the study's cost in the tuned file leaves it out."""
+    import datetime
+
+    import optuna
+
+    from benchmarks.tuning.study import trials_seconds
+
+    study = optuna.create_study(direction="maximize")
+    start = datetime.datetime(2026, 11, 28, 7, 0, 0)
+    dist = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
+    for seconds, state, stale in ((10, "COMPLETE", False), (20, "PRUNED", False), (3 * 3600, "FAIL", True)):
+        study.add_trial(optuna.trial.FrozenTrial(
+            number=0, trial_id=0, state=optuna.trial.TrialState[state], value=0.5 if state == "COMPLETE" else None,
+            values=None, datetime_start=start, datetime_complete=start + datetime.timedelta(seconds=seconds),
+            params={"x": 0.5}, distributions=dist, user_attrs={"stale": True} if stale else {}, system_attrs={},
+            intermediate_values={0: 0.4} if state == "PRUNED" else {}))
+    assert trials_seconds(study) == 30.0

@@ -119,6 +119,14 @@ def finished_trials(study: optuna.Study) -> int:
 OWNERLESS_STALE_S = 60.0
 
 
+def trials_seconds(study: optuna.Study) -> float:
+    """The summed duration of the study's finished trials, leaving out those failed as stale: their
+    span runs from the dead worker's start until the death was noticed (hours, not compute)."""
+    return round(sum((t.datetime_complete - t.datetime_start).total_seconds()
+                     for t in study.get_trials(deepcopy=False, states=FINISHED)
+                     if t.datetime_complete and t.datetime_start and not t.user_attrs.get("stale")), 1)
+
+
 def _stale_reason(trial: optuna.trial.FrozenTrial, ownerless_after_s: float) -> str | None:
     """Why RUNNING ``trial`` is stale (its owner died on this host, or it has no owner and started
     over ``ownerless_after_s`` ago), None while it may still be running."""

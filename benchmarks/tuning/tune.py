@@ -76,7 +76,7 @@ from benchmarks.tuning.tuned_file import write_tuned
 from benchmarks.tuning.study import (StudyResult, TrialLogger, TuneError, TuneOptions, close_study_run,
                                      default_storage, fail_stale_trials, finished_trials, load_study,
                                      log_unlogged_trials, make_pruner, make_sampler, open_study_run, public_url,
-                                     study_name, utc_now)
+                                     study_name, trials_seconds, utc_now)
 
 
 
@@ -378,9 +378,7 @@ def _result(suite: Suite, cid: str, cell: dict[str, str], method: str, opts: Tun
             "tuning_seeds": list(opts.seeds), "seed_values": best.user_attrs.get("seed_values"),
             "validation": describe["validation"], "search_space": describe["search_space"],
             "sampler": opts.sampler, "pruner": opts.pruner, "date": utc_now(), "git_commit": commit,
-            "trial_seconds": round(sum((t.datetime_complete - t.datetime_start).total_seconds()
-                                       for t in study.get_trials(deepcopy=False)
-                                       if t.datetime_complete and t.datetime_start), 1),
+            "trial_seconds": trials_seconds(study),
             "git_dirty": dirty,
         }
         result.tuned_file = str(write_tuned(suite.tuned_path, suite.key, cid, method, opts.profile,
