@@ -518,3 +518,20 @@ def test_trial_seconds_leave_out_trials_failed_as_stale():
             params={"x": 0.5}, distributions=dist, user_attrs={"stale": True} if stale else {}, system_attrs={},
             intermediate_values={0: 0.4} if state == "PRUNED" else {}))
     assert trials_seconds(study) == 30.0
+
+
+def test_a_tpe_budget_within_the_random_start_up_is_named_a_seeded_random_search():
+    import optuna
+
+    from benchmarks.tuning.study import TuneOptions, make_sampler, random_startup_note
+
+    assert "seeded random search" in random_startup_note(TuneOptions(trials=6))
+    assert random_startup_note(TuneOptions(trials=11)) is None
+    assert random_startup_note(TuneOptions(trials=6, sampler="random")) is None
+    # what the note says: two cells' studies (different objectives) try the same six values
+    tried = []
+    for shift in (0.0, 0.3):
+        study = optuna.create_study(direction="maximize", sampler=make_sampler(TuneOptions(trials=6)))
+        study.optimize(lambda t: -(t.suggest_float("beta", 1e-4, 1e-1, log=True) - shift) ** 2, n_trials=6)
+        tried.append([t.params["beta"] for t in study.trials])
+    assert tried[0] == tried[1]

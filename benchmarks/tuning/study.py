@@ -97,6 +97,19 @@ def make_sampler(opts: TuneOptions, offset: int = 0) -> optuna.samplers.BaseSamp
     raise TuneError(f"--sampler must be tpe or random, got {opts.sampler!r}")
 
 
+def random_startup_note(opts: TuneOptions) -> str | None:
+    """One line when a TPE budget never leaves the sampler's random start-up (Optuna's
+    ``n_startup_trials``, read from its signature): such a study is a seeded random search, and
+    every cell's study of a method tries the same candidates."""
+    import inspect
+
+    startup = inspect.signature(optuna.samplers.TPESampler).parameters["n_startup_trials"].default
+    if opts.sampler != "tpe" or opts.trials > startup:
+        return None
+    return (f"note: {opts.trials} trial(s) <= TPE's {startup} random start-up trials: a seeded random search, "
+            f"the same candidates in every cell (--sampler-seed {opts.sampler_seed}; more --trials for TPE proper)")
+
+
 def make_pruner(opts: TuneOptions, max_steps: int) -> optuna.pruners.BasePruner:
     if opts.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=opts.pruner_startup, n_warmup_steps=0)

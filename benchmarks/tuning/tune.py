@@ -76,7 +76,7 @@ from benchmarks.tuning.tuned_file import write_tuned
 from benchmarks.tuning.study import (StudyResult, TrialLogger, TuneError, TuneOptions, close_study_run,
                                      default_storage, fail_stale_trials, finished_trials, load_study,
                                      log_unlogged_trials, make_pruner, make_sampler, open_study_run, public_url,
-                                     study_name, trials_seconds, utc_now)
+                                     random_startup_note, study_name, trials_seconds, utc_now)
 
 
 
@@ -308,6 +308,8 @@ def tune_cell(suite: Suite, cell: dict[str, str], method: str, opts: TuneOptions
     remaining = max(0, opts.trials - done)
     echo(f"study {name}: {done} finished trial(s), budget {opts.trials}, running {remaining}; "
          f"storage {public_url(storage)}")
+    if remaining and (note := random_startup_note(opts)):
+        echo(note)
     from benchmarks.store import mlflow_ui as ui
     from benchmarks.store.tracking import Tracker
 
