@@ -288,10 +288,10 @@ def test_tree_head_draws_each_clients_gibbs_chains_once_per_evaluation_with_a_va
     monkeypatch.setattr(TreeGP, "gibbs_tree", lambda self, *a: calls.append(1) or original(self, *a))
 
     both = SeenClients(EvalConfig(steps=0, reduction="sample", val_split="val"))
-    algorithm._gibbs_cache = algorithm._tree_cache = None  # the run's last evaluation fitted these params
+    algorithm.forget_fits()  # the run's last evaluation fitted these params
     summary = both.evaluate(algorithm, run.server, run.contexts).summary
     assert len(calls) == len(fed.clients)  # not twice: the val pass refits the factors only
-    algorithm._gibbs_cache = algorithm._tree_cache = None  # a fresh fit of the val split
+    algorithm.forget_fits()  # a fresh fit of the val split
     alone = SeenClients(EvalConfig(steps=0, reduction="sample", split="val"))
     fresh = alone.evaluate(algorithm, run.server, run.contexts).summary
     assert len(calls) == 2 * len(fed.clients)

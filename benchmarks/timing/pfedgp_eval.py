@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     contexts = make_contexts(fed, fed.train_clients, FederationConfig(batch_size=64), RunStreams(0), "evaluation", 450)
     if args.refit:  # the baseline: each pass fits every client afresh
         summary = SeenClients(EvalConfig(steps=0, reduction="sample")).evaluate(algorithm, server, contexts).summary
-        algorithm._gibbs_cache = algorithm._tree_cache = None
+        algorithm.forget_fits()
         val = SeenClients(EvalConfig(steps=0, reduction="sample", split="val"))
         summary.update({f"val_{k}": v for k, v in val.evaluate(algorithm, server, contexts).summary.items()})
     else:

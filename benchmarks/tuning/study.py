@@ -3,6 +3,7 @@ killed worker left RUNNING (failed on resume), and the logging of every trial to
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -101,8 +102,6 @@ def random_startup_note(opts: TuneOptions) -> str | None:
     """One line when a TPE budget never leaves the sampler's random start-up (Optuna's
     ``n_startup_trials``, read from its signature): such a study is a seeded random search, and
     every cell's study of a method tries the same candidates."""
-    import inspect
-
     startup = inspect.signature(optuna.samplers.TPESampler).parameters["n_startup_trials"].default
     if opts.sampler != "tpe" or opts.trials > startup:
         return None

@@ -230,6 +230,10 @@ class PFedGP(Algorithm):
         return ClientUpdate(carry["params"], client.num_samples("train"), loss)
 
     # -- evaluation: the client's GP conditioned on its whole train split ---------------------------
+    def forget_fits(self) -> None:
+        """Drop the kept tree fits and Gibbs draws (the next evaluation fits every client afresh)."""
+        self._tree_cache = self._gibbs_cache = None
+
     def _fitted_tree(self, params: Params, client: ClientContext) -> list[tuple]:
         """``tree_pg``: the client's tree and node GPs for ``params``, fitted once and reused for
         its further evaluation batches (the cache holds ``params`` itself, so a later dict cannot
