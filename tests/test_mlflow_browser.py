@@ -180,6 +180,26 @@ def test_tuning_trials_nest_under_their_study_with_a_description(served, page):
     screenshot(page, "trial-overview.png")
 
 
+def plotted(traces: list[dict], history) -> bool:
+    """Whether one plotted line is the logged history, step by step."""
+    xs, ys = [m.step for m in history], [m.value for m in history]
+    return any(t["x"] == xs and t["y"] == pytest.approx(ys) for t in traces)
+
+
+def plotted_until(page, history, timeout_ms: int = 60_000) -> list[dict]:
+    """The page's plotly traces once one of them is `history`, or at the deadline. The UI first draws a
+    metric's latest value as a one-bar chart and the line once its history has arrived, which takes
+    seconds on a loaded machine (a fixed 3 s wait once read the bar: CI, stop 43)."""
+    waited = 0
+    while True:
+        traces = page.locator(".js-plotly-plot").evaluate_all(
+            "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
+        if plotted(traces, history) or waited >= timeout_ms:
+            return traces
+        page.wait_for_timeout(500)
+        waited += 500
+
+
 def test_run_page_plots_the_fine_tuning_and_round_curves(served, page):
     tracker = served["tracker"]
     run = min((r for r in tracker.runs(served["key"])  # its first seed (the demo's default profile has two)
@@ -192,20 +212,11 @@ def test_run_page_plots_the_fine_tuning_and_round_curves(served, page):
     assert len(curve) >= 3 and len(losses) >= 2
     open_page(page, ui.run_url(served["base"], served["experiment"], run.info.run_id), "curve")
     page.locator(".js-plotly-plot").first.wait_for()
-    page.wait_for_timeout(2000)
-    traces = page.locator(".js-plotly-plot").evaluate_all(
-        "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
-
-    def plotted(history) -> bool:
-        xs, ys = [m.step for m in history], [m.value for m in history]
-        return any(t["x"] == xs and t["y"] == pytest.approx(ys) for t in traces)
-
-    assert plotted(curve), traces
+    traces = plotted_until(page, curve)
+    assert plotted(traces, curve), traces
     page.get_by_placeholder("Search metric charts").fill("train_loss")  # round/train_loss is below the fold
-    page.wait_for_timeout(3000)
-    traces = page.locator(".js-plotly-plot").evaluate_all(
-        "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
-    assert plotted(losses), traces
+    traces = plotted_until(page, losses)
+    assert plotted(traces, losses), traces
     page.get_by_placeholder("Search metric charts").fill("")
     page.locator(".js-plotly-plot").first.wait_for()
     screenshot(page, "run-metrics.png")
