@@ -1,7 +1,11 @@
 """TF32, ``cuda:N`` and the recorded versions (issue 26, item 4), checked without a GPU."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 import warnings
 
 import pytest
@@ -64,6 +68,27 @@ def test_a_run_records_its_device_versions_and_tf32(tf32_flags):
     assert info["torch_version"] == torch.__version__
     assert info["cuda_version"] == (torch.version.cuda or "")
     assert info["allow_tf32"] is False and info["device_name"]
+    assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_the_cpu_capability_recorded_is_the_one_the_kernels_use():
+    """ATen's vector level moves CPU rounding (CGPFL Table 1, FMNIST-DNN: DEFAULT and AVX2 differ at
+    the 5th digit), so the record must follow ``ATEN_CPU_CAPABILITY``, not the CPU's flags."""
+    code = "from pfl_core.engine.device import device_info; print(device_info('cpu')['cpu_capability'])"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "DEFAULT"
+
+
+def test_a_cpu_run_names_the_cpu_model_not_the_architecture():
+    from pfl_core.engine.device import cpu_name
+
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [l.split(":", 1)[1].strip() for l in cpuinfo.read_text().splitlines()
+              if l.startswith("model name")] if cpuinfo.exists() else []
+    if not models:
+        pytest.skip("no model name in /proc/cpuinfo")
+    assert cpu_name() == models[0] == device_info("cpu")["device_name"]
 
 
 def test_the_versions_and_tf32_are_tags_of_every_run():
@@ -72,11 +97,11 @@ def test_the_versions_and_tf32_are_tags_of_every_run():
     spec = types.SimpleNamespace(suite="s", cell_id="c", method="fedavg", seed=0, profile="smoke",
                                  config_hash="h", cell={}, stage=None, config={})
     info = {"device": "cuda:0", "device_name": "NVIDIA H100", "torch_version": "2.9", "cuda_version": "12.8",
-            "cudnn_version": "91000", "allow_tf32": False}
+            "cudnn_version": "91000", "allow_tf32": False, "cpu_capability": "AVX512"}
     tags = Tracker.run_tags(spec, {"paper": "p"}, {"info": info}, ("abc", False))
-    assert {k: tags[k] for k in ("device_name", "torch_version", "cuda_version", "cudnn_version", "allow_tf32")} \
-        == {"device_name": "NVIDIA H100", "torch_version": "2.9", "cuda_version": "12.8", "cudnn_version": "91000",
-            "allow_tf32": "false"}
+    keys = ("device_name", "torch_version", "cuda_version", "cudnn_version", "allow_tf32", "cpu_capability")
+    assert {k: tags[k] for k in keys} == {"device_name": "NVIDIA H100", "torch_version": "2.9", "cuda_version": "12.8",
+                                          "cudnn_version": "91000", "allow_tf32": "false", "cpu_capability": "AVX512"}
 
 
 def test_deterministic_mode_warns_when_cuda_was_initialised_before_cublas_was_configured(monkeypatch):

@@ -112,6 +112,7 @@ def run_tags(spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, boo
         "cuda_version": str(info.get("cuda_version", "")),
         "cudnn_version": str(info.get("cudnn_version", "")),
         "allow_tf32": str(bool(info.get("allow_tf32", False))).lower(),
+        "cpu_capability": str(info.get("cpu_capability", "")),  # ATen's CPU kernels: moves CPU rounding
         "mlflow.runName": ui.run_name(spec.cell, spec.method, spec.seed),  # for reading; found by tags
         ui.RUN_KIND_TAG: ui.CELL,
         ui.NOTE_TAG: ui.run_description(suite_meta["paper"], suite_meta.get("table", ""), spec.cell_id,
