@@ -97,6 +97,19 @@ def open_page(page, url: str, ready: str) -> None:
     page.get_by_text(ready, exact=True).first.wait_for()
 
 
+def read_until(page, read, done, timeout_ms: int = 30_000):
+    """``read()`` every 0.5 s until ``done`` holds for what it read, or the deadline; returns the last
+    read. The UI draws in steps (rows, columns, charts) that take seconds on a loaded machine, so a
+    fixed wait can read a half-drawn page (CI, stop 43); a wrong page still fails after the deadline."""
+    waited = 0
+    while True:
+        value = read()
+        if done(value) or waited >= timeout_ms:
+            return value
+        page.wait_for_timeout(500)
+        waited += 500
+
+
 def top_level_rows(page) -> list[str]:
     """The run ids of the table's rows (one list per row, the pinned left part)."""
     return page.locator(".ag-pinned-left-cols-container [row-id]").evaluate_all(
@@ -107,8 +120,8 @@ def expand(page, parent_id: str, child_ids: list[str]) -> None:
     """Check that the runs table holds ``child_ids`` under the collapsed parent row ``parent_id``
     (the only top-level row), then open it: the children appear after it, indented."""
     page.locator(f'[row-id="{parent_id}"] {NAME_CELL}').first.wait_for()
-    page.wait_for_timeout(1000)
-    assert top_level_rows(page) == [parent_id]  # the children are nested, not listed beside it
+    rows = read_until(page, lambda: top_level_rows(page), lambda r: r == [parent_id])
+    assert rows == [parent_id]  # the children are nested, not listed beside it
     page.locator(f'.ag-pinned-left-cols-container [row-id="{parent_id}"] {NAME_CELL} button').click()  # its expander
     page.locator(f'[row-id="{child_ids[-1]}"]').first.wait_for()
     assert set(top_level_rows(page)) == {parent_id, *child_ids}
@@ -139,7 +152,8 @@ def test_runs_table_nests_the_sweeps_short_named_runs_with_method_and_metric(ser
     open_page(page, ui.experiment_url(served["base"], served["experiment"]), sweep.data.tags["mlflow.runName"])
     assert "workflowType=machine_learning" in page.url
     # the UI renders only the columns that fit the window: the view puts the metric and method first
-    headers = page.locator("[role=columnheader]").all_inner_texts()
+    headers = read_until(page, lambda: page.locator("[role=columnheader]").all_inner_texts(),
+                         lambda h: {"Run Name", "acc_last3", "method"} <= set(h))
     assert {"Run Name", "acc_last3", "method"} <= set(headers), headers
     expand(page, sweep.info.run_id, [r.info.run_id for r in runs])
     for run in [*runs, sweep]:
@@ -190,14 +204,9 @@ def plotted_until(page, history, timeout_ms: int = 60_000) -> list[dict]:
     """The page's plotly traces once one of them is `history`, or at the deadline. The UI first draws a
     metric's latest value as a one-bar chart and the line once its history has arrived, which takes
     seconds on a loaded machine (a fixed 3 s wait once read the bar: CI, stop 43)."""
-    waited = 0
-    while True:
-        traces = page.locator(".js-plotly-plot").evaluate_all(
-            "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))")
-        if plotted(traces, history) or waited >= timeout_ms:
-            return traces
-        page.wait_for_timeout(500)
-        waited += 500
+    return read_until(page, lambda: page.locator(".js-plotly-plot").evaluate_all(
+        "els => els.flatMap(e => (e.data || []).map(t => ({x: t.x, y: t.y})))"),
+        lambda traces: plotted(traces, history), timeout_ms)
 
 
 def test_run_page_plots_the_fine_tuning_and_round_curves(served, page):
