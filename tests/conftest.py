@@ -25,13 +25,33 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def module_fixture_group(item) -> str | None:
+    """The xdist group of a test that uses a module-scoped fixture of its own module (its module's
+    name), else None. pytest-xdist sets such a fixture up once per worker that runs one of the module's
+    tests: a store swept or a server started twice on two workers is the same work done twice."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(item, "module", None)
+    if info is None or module is None:
+        return None
+    for defs in info.name2fixturedefs.values():
+        if any(d.scope == "module" and getattr(d.func, "__module__", None) == module.__name__ for d in defs):
+            return module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
     """``gpu``-marked tests skip without a CUDA device (``make gpu-check`` runs them on one). Under
     pytest-xdist the ``slow`` tests are handed out first (a stable sort, the same in every worker):
     the longest tests start while the short ones can still fill the other workers, instead of one
-    worker running the last long test while the others wait."""
+    worker running the last long test while the others wait; and the tests of a module that share a
+    module-scoped fixture run on one worker (:func:`module_fixture_group`), unless already grouped."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        for item in items:
+            group = module_fixture_group(item)
+            if group and item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(group))
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

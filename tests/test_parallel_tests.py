@@ -2,7 +2,11 @@
 thread per worker, the Ray tests on one worker, `make test-fast` without the tests marked slow."""
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,3 +73,42 @@ def test_xdist_workers_hand_out_the_slow_tests_first_in_their_order(monkeypatch,
     items = [_Item("a", False), _Item("b", True), _Item("c", False), _Item("d", True)]
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.name for i in items] == (["b", "d", "a", "c"] if worker else ["a", "b", "c", "d"])
+
+
+SHARED_FIXTURE_MODULE = '''
+import os, pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    with open(os.environ["SETUPS"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+@pytest.mark.parametrize("i", range(6))
+def test_uses_it(shared, i):
+    pass
+
+@pytest.mark.parametrize("i", range(6))
+def test_alone(i):
+    pass
+'''
+
+
+@pytest.mark.slow
+def test_a_module_scoped_fixture_is_set_up_once_under_make_tests_xdist(tmp_path):
+    """`make test`'s pytest-xdist (2 workers, --dist loadgroup, this conftest as a plugin): the tests
+    that share a module-scoped fixture run on one worker, so the fixture is set up once, not once per
+    worker; the module's other tests still spread."""
+    (tmp_path / "test_shared_fixture.py").write_text(SHARED_FIXTURE_MODULE)
+    setups = tmp_path / "setups.txt"
+    env = {**os.environ, "SETUPS": str(setups), "PYTHONPATH": str(Path(conftest.__file__).parent)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup", "-p", "conftest",
+                           "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "12 passed" in proc.stdout
+    assert len(setups.read_text().split()) == 1, setups.read_text()
+    lines = [line.strip() for line in proc.stdout.splitlines() if "PASSED" in line]
+    shared = [line for line in lines if "test_uses_it" in line]
+    assert len(shared) == 6 and all(line.endswith("@test_shared_fixture") for line in shared), shared
+    assert len({line.split()[0] for line in shared}) == 1  # [gwN]: one worker
+    assert not any("@" in line for line in lines if "test_alone" in line)
