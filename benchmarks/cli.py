@@ -14,6 +14,8 @@ from benchmarks.suite.schema import SuiteError
 from pfl_core.experiment import EXECUTION_CHOICES
 from pfl_core.engine.capture import CAPTURES
 
+TRACKING_URI_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results dir>/mlflow.db, "
+                     "the results dir being $PFLBENCH_RESULTS_DIR or the checkout's results/)")
 SUITE_HELP = ("a packaged suite's name, e.g. demo/offline (pflbench list suites), or the path of a suite "
               "file, e.g. suites/demo/offline.yaml")
 DEFAULT_CHECKPOINT_EVERY = 50
@@ -293,9 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Ray: re-runs of a task whose worker died (default 2), then FAILED")
 
     def store_args(p):
-        p.add_argument("--tracking-uri", default=None,
-                       help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results dir>/mlflow.db, "
-                            "the results dir being $PFLBENCH_RESULTS_DIR or the checkout's results/)")
+        p.add_argument("--tracking-uri", default=None, help=TRACKING_URI_HELP)
         p.add_argument("--profile", default="paper", help="paper (default), quick, smoke, ...")
 
     run = sub.add_parser("run", help="run every cell x seed of a suite, skipping finished runs")
@@ -383,7 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     snap = sub.add_parser("snapshot", help="export a suite's finished runs from the store to one JSON file that "
                                            "`pflbench report --from-snapshot` renders without the store")
     snap.add_argument("suite", help=SUITE_HELP)
-    store_args(snap)
+    snap.add_argument("--tracking-uri", default=None, help=TRACKING_URI_HELP)
+    snap.add_argument("--profile", action="append", default=None, metavar="PROFILE",
+                      help="export only this profile's runs; repeatable (default: every profile of the suite, "
+                           "which `report --from-snapshot --profile` then selects from)")
     snap.add_argument("--out", required=True, help="the snapshot file, e.g. reports/reproduced/cgpfl/table1.snapshot.json")
     snap.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
                       help="provenance to record (machine, command, data, wall-clock, ...); repeatable")

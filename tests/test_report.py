@@ -3,6 +3,8 @@ diverge) and hand-made runs logged through the Tracker (CAFeMe curves, best-vali
 Tables (Markdown, CSV, LaTeX), the PDF (parsed with pypdf) and the ``report`` command."""
 from __future__ import annotations
 
+import json
+
 import copy
 import math
 import re
@@ -683,3 +685,21 @@ def test_a_snapshot_renders_the_same_table_as_its_store_without_the_store(report
     assert "7 finished, 2 failed" in provenance  # the hand-made store: 7 finished runs, one cell diverged twice
     assert main(["snapshot", str(suite.path), "--tracking-uri", reported["uri"], "--out", str(snap),
                  "--note", "no-equals-sign"]) == 2
+
+
+def test_a_snapshot_exports_every_profile_or_those_named(reported, tmp_path):
+    """``pflbench snapshot``: every profile's runs by default; ``--profile`` (repeatable) keeps the runs
+    whose ``profile`` tag it names (the tiny suite ran at smoke only: quick exports none and fails)."""
+    def exported(*profiles: str) -> tuple[int, list[dict]]:
+        snap = tmp_path / f"snap{'-'.join(profiles)}.json"
+        rc = main(["snapshot", str(reported["path"]), "--tracking-uri", reported["uri"], "--out", str(snap),
+                   *[a for p in profiles for a in ("--profile", p)]])
+        return rc, json.loads(snap.read_text())["runs"]
+
+    rc, every = exported()
+    assert rc == 0 and every and {r["tags"]["profile"] for r in every} == {"smoke"}
+    assert len(every) == len(reported["suite"].expand("smoke"))
+    rc, smoke = exported("smoke", "quick")
+    assert rc == 0 and [r["run_id"] for r in smoke] == [r["run_id"] for r in every]
+    rc, quick = exported("quick")
+    assert rc == 1 and quick == []

@@ -106,6 +106,7 @@ def cmd_snapshot(args) -> int:
             raise SuiteError(f"--note {note!r}: expected KEY=VALUE")
         notes[key.strip()] = value.strip()
     suite = load_suite(args.suite)
-    count = export_snapshot(suite, _tracker(args), Path(args.out), notes)
-    print(f"{suite.key}: {count} finished runs -> {args.out}")
+    count = export_snapshot(suite, _tracker(args), Path(args.out), notes, profiles=args.profile)
+    which = f" of profile {', '.join(args.profile)}" if args.profile else ""
+    print(f"{suite.key}: {count} finished runs{which} -> {args.out}")
     return 0 if count else 1

@@ -33,14 +33,17 @@ def history_keys(suite: Suite) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None) -> int:
-    """Write the suite's cell runs (every profile; failed ones too, with their reasons) to ``path``;
-    returns how many finished."""
+def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None,
+                    profiles: list[str] | None = None) -> int:
+    """Write the suite's cell runs (failed ones too, with their reasons) to ``path``: every profile's,
+    or those of ``profiles`` (the runs' ``profile`` tag); returns how many finished."""
     keys = history_keys(suite)
     runs = []
     for run in tracker.runs(suite.key, status=None):
         if run.info.status not in ("FINISHED", "FAILED"):
             continue  # claims and runs in progress are not results
+        if profiles and run.data.tags.get("profile") not in profiles:
+            continue
         histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
                      for k in keys} if run.info.status == "FINISHED" else {}
         runs.append({"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
