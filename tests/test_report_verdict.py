@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.stats import kendalltau
 
@@ -182,6 +183,30 @@ def test_column_conclusion_best_and_kendall_tau():
     assert flipped.tau == pytest.approx(-1.0) and not flipped.best_holds
     assert math.isnan(column_conclusion("x", {"a": 1.0}, {"a": 2.0}).tau)
     assert column_conclusion("x", {"a": 1.0}, {"b": 2.0}) is None
+
+
+def test_conclusion_is_provisional_while_the_papers_best_has_no_run():
+    """Four of nine methods run: the best among them is no verdict on the paper's best method."""
+    from types import SimpleNamespace
+
+    from benchmarks.reporting.summary import count_rows
+    from benchmarks.reporting.text import conclusion_lines
+    paper = {"FedAvg": 46.3, "APFL": 72.1, "Ditto": 69.6, "CGPFL-Heur": 74.8, "IFCA": 60.2}
+    ours = {"FedAvg": 49.6, "APFL": 73.0, "Ditto": 68.4, "CGPFL-Heur": NAN, "IFCA": NAN}
+    c = column_conclusion("cifar10", ours, paper)
+    assert (c.best_ours, c.best_paper, c.paper_top, c.not_run) == ("APFL", "APFL", "CGPFL-Heur",
+                                                                  ("CGPFL-Heur", "IFCA"))
+    assert c.best_holds and c.provisional
+    (line,) = conclusion_lines(SimpleNamespace(conclusions=[c]))
+    assert "Provisional" in line and "**CGPFL-Heur**, has no run yet" in line and "(holds so far)" in line
+    ours.update({"CGPFL-Heur": 72.0})
+    done = column_conclusion("mnist", ours, paper)
+    assert not done.provisional and not done.best_holds and done.not_run == ("IFCA",)
+    (line,) = conclusion_lines(SimpleNamespace(conclusions=[done]))
+    assert "Provisional" not in line and "(does not hold)" in line and line.endswith("not run: IFCA")
+    report = SimpleNamespace(suite=SimpleNamespace(key="t1"), table=pd.DataFrame({"verdict": ["reproduced"]}),
+                             conclusions=[c, done])
+    assert count_rows([report])[0][-1] == "0/1 (+1 provisional)"
 
 
 # ------------------------------------------------------------------ metric section, fidelity, LaTeX

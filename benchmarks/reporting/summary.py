@@ -25,19 +25,25 @@ def count_rows(reports: list[SuiteReport]) -> list[list[str]]:
     """One row per table: cells, the count of each verdict, columns whose best method holds; a
     last row of totals when there are several tables."""
     rows, total = [], Counter()
-    holds = [0, 0]
+    holds = [0, 0, 0]
     for report in reports:
         counts = verdict_counts(report)
         total.update(counts)
-        kept = sum(c.best_holds for c in report.conclusions)
-        holds[0] += kept
-        holds[1] += len(report.conclusions)
+        judged = [c for c in report.conclusions if not c.provisional]
+        kept, provisional = sum(c.best_holds for c in judged), len(report.conclusions) - len(judged)
+        holds = [holds[0] + kept, holds[1] + len(judged), holds[2] + provisional]
         rows.append([report.suite.key, str(len(report.table)), *(str(counts[v]) for v in COUNTED),
-                     f"{kept}/{len(report.conclusions)}"])
+                     holds_cell(kept, len(judged), provisional)])
     if len(reports) > 1:
         rows.append(["all", str(sum(len(r.table) for r in reports)), *(str(total[v]) for v in COUNTED),
-                     f"{holds[0]}/{holds[1]}"])
+                     holds_cell(*holds)])
     return rows
+
+
+def holds_cell(kept: int, judged: int, provisional: int) -> str:
+    """``kept/judged`` over the columns where the paper's best method has a run; columns where it has
+    none are counted apart ("+N provisional"), never as a hold or a miss."""
+    return f"{kept}/{judged}" + (f" (+{provisional} provisional)" if provisional else "")
 
 
 def label_lines(reports: list[SuiteReport]) -> list[str]:
