@@ -535,3 +535,21 @@ def test_a_tpe_budget_within_the_random_start_up_is_named_a_seeded_random_search
         study.optimize(lambda t: -(t.suggest_float("beta", 1e-4, 1e-1, log=True) - shift) ** 2, n_trials=6)
         tried.append([t.params["beta"] for t in study.trials])
     assert tried[0] == tried[1]
+
+
+def test_a_trial_shows_a_per_round_bar_in_this_process_and_none_in_workers(tmp_path, isolated, no_git, capsys, mlstore,
+                                                                          monkeypatch):
+    """A paper-scale trial takes minutes: with --jobs 1 its rounds tick on a bar over seeds x rounds
+    (stderr), as a run's do; without an echo (pool and Ray workers) there is none."""
+    from benchmarks.tuning import tune as tune_module
+
+    bars, make = [], tune_module.Objective.progress_bar
+    monkeypatch.setattr(tune_module.Objective, "progress_bar", lambda *a: bars.append(make(*a)) or bars[-1])
+    path = write_suite(tmp_path / "suites" / "tiny" / "bar.yaml", suite_dict("bar"))
+    rounds = load_suite(path).expand("smoke")[0].config["federation"]["rounds"]
+    tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=1, seeds=(1000, 1001), echo=quiet))
+    err = capsys.readouterr().err
+    assert f"trial 0 (fedavg, 2 seed(s)):   0%|          | 0/{2 * rounds}" in err
+    assert [(b.n, b.total) for b in bars] == [(2 * rounds, 2 * rounds)]  # every round of both seeds ticked
+    tune(path, ["fedavg"], {"setting": ["dir"]}, options(tmp_path, mlstore, trials=2, seeds=(1000, 1001)))
+    assert "trial 1" not in capsys.readouterr().err

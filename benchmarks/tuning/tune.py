@@ -209,22 +209,42 @@ class Objective:
 
         # first, before the slow imports: a RUNNING trial of a dead owner is failed later
         trial.set_user_attr("owner", this_owner())
-        from pfl_core.config import RunConfig
-        from pfl_core.experiment import run_experiment
-        from pfl_core.federation import DivergenceError
-
         try:
             configs = self.configs(trial)
         except SuiteError as err:
             trial.set_user_attr("failure_reason", str(err)[:2000])
             raise
+        bar = self.progress_bar(trial.number, len(configs))
+        try:
+            return self._run_seeds(trial, configs, bar)
+        finally:
+            bar.close()
+
+    def progress_bar(self, number: int, seeds: int):
+        """A per-round bar over the trial's seeds x rounds, as ``pflbench run --jobs 1`` shows for a
+        run (a paper-scale trial takes minutes); off in pool or Ray workers (``echo`` None or ``jobs`` >
+        1), whose bars would interleave."""
+        from tqdm.auto import tqdm
+
+        return tqdm(total=seeds * self.rounds, desc=f"  trial {number} ({self.method}, {seeds} seed(s))",
+                    unit="round", leave=False, disable=self.opts.echo is None or self.opts.jobs > 1)
+
+    def _run_seeds(self, trial, configs: list[dict], bar) -> float:
+        """Each tuning seed's run in turn, reporting the metric every round (pruning); the mean of
+        the seeds' final values."""
+        from pfl_core.config import RunConfig
+        from pfl_core.experiment import run_experiment
+        from pfl_core.federation import DivergenceError
+
         finals = []
         for k, config in enumerate(configs):
             offset = k * self.rounds
 
             def on_round(round_idx: int, metrics: dict) -> None:
+                bar.update(1)
                 if self.metric not in metrics:
                     return
+                bar.set_postfix({self.metric: f"{float(metrics[self.metric]):.4g}"}, refresh=False)
                 trial.report(float(metrics[self.metric]), offset + round_idx + 1)
                 if trial.should_prune():
                     trial.set_user_attr("pruned_at", {"seed": config["seed"], "round": round_idx + 1})
