@@ -204,9 +204,13 @@ def test_conclusion_is_provisional_while_the_papers_best_has_no_run():
     assert not done.provisional and not done.best_holds and done.not_run == ("IFCA",)
     (line,) = conclusion_lines(SimpleNamespace(conclusions=[done]))
     assert "Provisional" not in line and "(does not hold)" in line and line.endswith("not run: IFCA")
+    alone = column_conclusion("rmnist", {"APFL": 73.0}, {"APFL": 72.1, "FedAvg": 46.3})  # APFL: the paper's best
+    assert alone.best_holds and alone.provisional  # one method: nothing ranked, whatever the paper's best
+    (line,) = conclusion_lines(SimpleNamespace(conclusions=[alone]))
+    assert "only **APFL** has both numbers: no ranking to check yet" in line and "holds" not in line
     report = SimpleNamespace(suite=SimpleNamespace(key="t1"), table=pd.DataFrame({"verdict": ["reproduced"]}),
-                             conclusions=[c, done])
-    assert count_rows([report])[0][-1] == "0/1 (+1 provisional)"
+                             conclusions=[c, done, alone])
+    assert count_rows([report])[0][-1] == "0/1 (+2 provisional)"
 
 
 # ------------------------------------------------------------------ metric section, fidelity, LaTeX

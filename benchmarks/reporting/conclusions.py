@@ -30,9 +30,10 @@ class Conclusion:
 
     @property
     def provisional(self) -> bool:
-        """The paper's best method in this column has no run of ours: the comparison is among the
-        methods run so far and can change once it runs."""
-        return self.paper_top != self.best_paper
+        """No verdict yet: one method alone has both numbers (nothing is ranked), or the paper's best
+        method in this column has no run of ours (the comparison is among the methods run so far and
+        can change once it runs)."""
+        return self.methods < 2 or self.paper_top != self.best_paper
 
 
 def column_conclusion(column: str, ours: dict[str, float], paper: dict[str, float],
