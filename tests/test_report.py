@@ -650,7 +650,10 @@ def test_pdf_summary_page_counts_verdicts_labels_tau_and_switches(reported):
     Kendall tau per table and the switches in force (tiny suite: its smoke profile's non-default settings)."""
     hand = squash(pdf_pages(reported["hand_pdf"].pdf)[1])
     reports = [s.report for s in reported["hand_pdf"].suites]
-    holds = [f"{sum(c.best_holds for c in r.conclusions)}/{len(r.conclusions)}" for r in reports]
+    judged = [[c for c in r.conclusions if not c.provisional] for r in reports]
+    apart = [len(r.conclusions) - len(j) for r, j in zip(reports, judged)]
+    holds = [f"{sum(c.best_holds for c in j)}/{len(j)}" + (f" (+{a} provisional)" if a else "")
+             for j, a in zip(judged, apart)]
     # cells, reproduced, above, below, partial, failed, not run, no reference, undecided, best holds
     assert f"hand/curves 6 1 1 1 1 1 1 0 0 {holds[0]}" in hand
     assert f"hand/bestval 6 1 1 0 0 0 3 1 0 {holds[1]}" in hand  # dir/fedavg_ft ran, no published number
