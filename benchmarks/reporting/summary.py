@@ -41,8 +41,9 @@ def count_rows(reports: list[SuiteReport]) -> list[list[str]]:
 
 
 def holds_cell(kept: int, judged: int, provisional: int) -> str:
-    """``kept/judged`` over the columns where the paper's best method has a run; columns where it has
-    none are counted apart ("+N provisional"), never as a hold or a miss."""
+    """``kept/judged`` over the columns with a verdict; provisional columns (one method alone with both
+    numbers, or the paper's best method without a run: ``Conclusion.provisional``) are counted apart
+    ("+N provisional"), never as a hold or a miss."""
     return f"{kept}/{judged}" + (f" (+{provisional} provisional)" if provisional else "")
 
 

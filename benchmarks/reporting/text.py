@@ -218,12 +218,12 @@ def conclusion_lines(report: SuiteReport) -> list[str]:
         return ["No column has both our and the paper's numbers for a method: no conclusion to check."]
     lines = []
     for c in report.conclusions:
-        tau = "n/a" if math.isnan(c.tau) else f"{c.tau:+.2f}"
-        holds = "holds" if c.best_holds else "does not hold"
         if c.methods < 2:
             unrun = f" (not run: {', '.join(c.not_run)})" if c.not_run else ""
             lines.append(f"- {c.column}: only **{c.best_ours}** has both numbers: no ranking to check yet{unrun}")
             continue
+        tau = "n/a" if math.isnan(c.tau) else f"{c.tau:+.2f}"
+        holds = "holds" if c.best_holds else "does not hold"
         if c.provisional:
             lines.append(f"- {c.column}: over the {c.methods} methods run so far, best ours **{c.best_ours}**, "
                          f"best paper **{c.best_paper}** ({holds} so far); Kendall τ = {tau}. Provisional: the "
