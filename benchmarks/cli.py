@@ -375,9 +375,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--beside-snapshot", action="append", metavar="FILE",
                         help="also render this committed snapshot first in the PDF, said to be one on page 1 "
                              "(make demo: the reproduced CGPFL Table 1 beside the demo's offline numbers); repeatable")
-    report.add_argument("--from-snapshot", default=None, metavar="FILE",
+    report.add_argument("--from-snapshot", action="append", default=None, metavar="FILE",
                         help="render a committed snapshot (pflbench snapshot) instead of the store: its suite alone, "
-                             "with a provenance page beside the table")
+                             "with a provenance page beside the table; repeatable (one file per suite: a paper's "
+                             "snapshots in one PDF)")
     report.set_defaults(func=cmd_report)
 
     snap = sub.add_parser("snapshot", help="export a suite's finished runs from the store to one JSON file that "

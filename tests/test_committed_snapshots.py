@@ -42,3 +42,22 @@ def test_a_method_default_written_in_a_suite_moves_the_hash():
     bare = RunConfig.from_dict({"method": {"name": "pfedme"}}).to_dict()
     stated = RunConfig.from_dict({"method": {"name": "pfedme", "params": {"predictor": "local"}}}).to_dict()
     assert config_hash(bare) != config_hash(stated)
+
+
+PAPER_FOLDERS = sorted(p for kind in ("reproduced", "quick") for p in (ROOT / "reports" / kind).iterdir()
+                       if p.is_dir() and list(p.glob("*.snapshot.json")))
+
+
+@pytest.mark.parametrize("folder", PAPER_FOLDERS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_committed_paper_pdf_shows_every_committed_snapshot_beside_it(folder):
+    """``reports/<kind>/<paper>.pdf`` holds every table committed in ``reports/<kind>/<paper>/`` (rendered
+    with one ``--from-snapshot`` per file), not only the last one rendered."""
+    from pypdf import PdfReader
+
+    suites = {json.loads(p.read_text())["suite"] for p in folder.glob("*.snapshot.json")}
+    pdf = folder.with_suffix(".pdf")
+    assert pdf.exists(), f"{pdf.name} missing beside {folder.name}/"
+    text = " ".join(page.extract_text() for page in PdfReader(pdf).pages)
+    missing = sorted(s for s in suites if s not in text)
+    assert not missing, (f"{pdf.relative_to(ROOT)} lacks {missing}: render it with one --from-snapshot per "
+                         f"snapshot of {folder.relative_to(ROOT)}/ (docs/reports.md)")

@@ -690,6 +690,34 @@ def test_a_snapshot_renders_the_same_table_as_its_store_without_the_store(report
                  "--note", "no-equals-sign"]) == 2
 
 
+def test_several_snapshots_render_into_one_paper_pdf(reported, tmp_path, capsys):
+    """``report --from-snapshot A --from-snapshot B``: a paper's two committed snapshots render into one
+    PDF, each table as its store renders it, each with its own provenance page; a second snapshot of
+    one suite, or a named suite without a snapshot, is refused with one line."""
+    files = {}
+    for name in ("curves", "bestval"):
+        suite = reported["hand"][name]
+        files[name] = tmp_path / f"{name}.snapshot.json"
+        assert main(["snapshot", str(suite.path), "--tracking-uri", reported["uri"], "--out", str(files[name]),
+                     "--note", f"machine=box {name}"]) == 0
+    out = tmp_path / "both"
+    paths = [str(reported["hand"][name].path) for name in files]  # by key when run from a checkout
+    assert main(["report", *paths, "--from-snapshot", str(files["curves"]), "--from-snapshot", str(files["bestval"]),
+                 "--out", str(out)]) == 0
+    for part in reported["hand_pdf"].suites:
+        name = part.report.suite.key.split("/")[1]
+        assert (out / "hand" / f"{name}.md").read_text() == part.md.read_text()
+        assert f"**machine**: box {name}" in (out / "hand" / f"{name}.provenance.md").read_text()
+    assert len(pdf_pages(out / "hand.pdf")) == len(reported["hand_pdf"].pages)
+    capsys.readouterr()
+    assert main(["report", *paths, "--from-snapshot", str(files["curves"]), "--from-snapshot", str(files["curves"]),
+                 "--out", str(out)]) == 2
+    assert "a second snapshot of hand/curves" in capsys.readouterr().err
+    assert main(["report", str(reported["hand"]["bestval"].path), "--from-snapshot", str(files["curves"]),
+                 "--out", str(out)]) == 2
+    assert "no snapshot of hand/bestval given" in capsys.readouterr().err
+
+
 def test_a_snapshot_exports_every_profile_or_those_named(reported, tmp_path):
     """``pflbench snapshot``: every profile's runs by default; ``--profile`` (repeatable) keeps the runs
     whose ``profile`` tag it names (the tiny suite ran at smoke only: quick exports none and fails)."""

@@ -30,13 +30,13 @@ def cmd_report(args, rendered: list | None = None) -> int:
     per paper covering every suite of that paper's folder (each paper's
     :class:`~benchmarks.reporting.build.RenderedPaper` appended to ``rendered`` if given)."""
     from benchmarks.reporting import paper_suites, sibling_suites
-    from benchmarks.reporting.snapshot import SnapshotTracker
+    from benchmarks.reporting.snapshot import SnapshotSet
 
     paths = list(args.suites or [])
     snapshot = None
     if getattr(args, "from_snapshot", None):
-        snapshot = SnapshotTracker.load(Path(args.from_snapshot))
-        paths = paths or [str(suite_file(snapshot.suite_key))]
+        snapshot = SnapshotSet.load([Path(f) for f in args.from_snapshot])
+        paths = paths or [str(suite_file(key)) for key in snapshot.snapshots]
     if getattr(args, "paper", None):
         found = paper_suites(args.paper)
         if not found:
@@ -46,8 +46,14 @@ def cmd_report(args, rendered: list | None = None) -> int:
     if not paths:
         raise SuiteError("report: name suite files or --paper PAPER")
     named = [load_suite(p) for p in dict.fromkeys(paths)]
-    if snapshot is not None:  # a snapshot renders its own suite alone: the other suites have no runs there
-        return _render(args, {named[0].paper: named}, named, snapshot, rendered)
+    if snapshot is not None:  # snapshots render their own suites alone: the other suites have no runs there
+        papers = {}
+        for suite in named:
+            if suite.key not in snapshot.snapshots:
+                raise SuiteError(f"report --from-snapshot: no snapshot of {suite.key} given; add --from-snapshot "
+                                 f"<its .snapshot.json> or leave the suite out")
+            papers.setdefault(suite.paper, []).append(suite)
+        return _render(args, papers, named, snapshot, rendered)
     papers: dict[str, list] = {}
     loaded = {s.path.resolve(): s for s in named}
     for suite in named:
@@ -61,7 +67,7 @@ def cmd_report(args, rendered: list | None = None) -> int:
 def _render(args, papers: dict[str, list], named: list, tracker, rendered: list | None) -> int:
     """Render every paper of ``papers`` from ``tracker`` (the store, or a snapshot)."""
     from benchmarks.reporting import render_paper
-    from benchmarks.reporting.snapshot import SnapshotTracker, provenance_markdown
+    from benchmarks.reporting.snapshot import SnapshotSet, provenance_markdown
     from pfl_core.atomic_file import write_text
 
     beside, note = beside_snapshots(getattr(args, "beside_snapshot", None) or [])
@@ -73,8 +79,9 @@ def _render(args, papers: dict[str, list], named: list, tracker, rendered: list 
             if any(part.report.suite.key == s.key for s in named):
                 runs = int(part.report.table["n_seeds"].sum())
                 print(f"{part.report.suite.key} [{args.profile}]: {runs} finished runs -> {part.md}, {part.csv}")
-                if isinstance(tracker, SnapshotTracker):
-                    write_text(part.md.with_name(f"{part.md.stem}.provenance.md"), provenance_markdown(tracker, part.md))
+                own = tracker.snapshots.get(part.report.suite.key) if isinstance(tracker, SnapshotSet) else None
+                if own is not None:
+                    write_text(part.md.with_name(f"{part.md.stem}.provenance.md"), provenance_markdown(own, part.md))
         print(f"{paper} [{args.profile}]: {len(suites)} suite(s), {len(done.pages)} pages -> {done.pdf} "
               f"({done.seconds:.1f}s)")
     return 0

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 from benchmarks.reporting.metric import metric_spec
 from pfl_core.atomic_file import write_text
+from benchmarks.suite.schema import SuiteError
 from benchmarks.suite.spec import Suite
 from benchmarks.store.tracking import DATA_PROVENANCE_TAG, Tracker
 
@@ -92,6 +93,38 @@ class SnapshotTracker:
     def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
         record = next(r for r in self.records if r["run_id"] == run_id)
         return [_Metric(*m) for m in record["histories"].get(key, [])]
+
+
+@dataclass
+class SnapshotSet:
+    """Several snapshots, one per suite (a paper's committed tables), read as one tracker: ``pflbench
+    report --from-snapshot A --from-snapshot B`` renders them into one PDF."""
+
+    snapshots: dict[str, SnapshotTracker]
+
+    @classmethod
+    def load(cls, paths: list[Path]) -> "SnapshotSet":
+        snapshots: dict[str, SnapshotTracker] = {}
+        for path in paths:
+            snapshot = SnapshotTracker.load(Path(path))
+            if snapshot.suite_key in snapshots:
+                raise SuiteError(f"{path}: a second snapshot of {snapshot.suite_key}; give one file per suite")
+            snapshots[snapshot.suite_key] = snapshot
+        return cls(snapshots)
+
+    @property
+    def client(self) -> "SnapshotSet":
+        return self
+
+    def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str | None = None) -> list:
+        snapshot = self.snapshots.get(suite_key)
+        return snapshot.runs(suite_key, status, kind) if snapshot else []
+
+    def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
+        for snapshot in self.snapshots.values():
+            if any(r["run_id"] == run_id for r in snapshot.records):
+                return snapshot.get_metric_history(run_id, key)
+        raise KeyError(f"run {run_id} is in none of the snapshots")
 
 
 def data_copies(records: list[dict]) -> dict[str, int]:
