@@ -18,11 +18,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def pytest_configure(config):
     """Under pytest-xdist (``make test``: ``-n auto``) each worker process runs one torch thread, so
-    that N workers on N cores do not oversubscribe them (each test that wants threads sets its own)."""
+    that N workers on N cores do not oversubscribe them (each test that wants threads sets its own).
+    A fresh MLflow SQLite store opened in a test process replays a migrated schema instead of
+    migrating (``tests/mlflow_schema.py``; ``PFL_TEST_REAL_MIGRATIONS=1`` turns that off)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
 
         torch.set_num_threads(1)
+    import mlflow_schema
+
+    mlflow_schema.install()
 
 
 def module_fixture_group(item) -> str | None:
