@@ -19,7 +19,7 @@ SUITES   := $(sort $(wildcard suites/*/*.yaml))
 RUN      = $(PFLBENCH) run $(1) --profile $(PROFILE) --jobs $(JOBS) --device $(DEVICE) --report --out $(OUT)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-fast docs mlflow-ui list clean-results browser gpu-check gpu-lend device-rehearsal
+.PHONY: help setup demo test test-fast docs mlflow-ui list clean-results browser gpu-check gpu-lend device-rehearsal committed-reports
 
 help: ## List every target with one line
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_%-]+:.*## / {printf "  \033[36m%-26s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -92,6 +92,9 @@ LEND_ARGS ?=
 gpu-lend: ## On a lent GPU: gpu-check's core, then CAFeMe Table 1's RMNIST cells until the deadline; records into $$OUT
 	PYTHONPATH=. $(PYTHON) -m benchmarks.running.gpu_lend --suite cafeme/table1 --profile paper --only dataset=rmnist $(LEND_ARGS)
 
+committed-reports: $(STAMP) ## Re-render the committed reports (reports/{reproduced,quick}/<paper>.pdf, tables) from their snapshots
+	$(BIN)/python -m benchmarks.reporting.committed --root reports
+
 device-rehearsal: $(STAMP) ## The gpu-lend command on the CPU in a venv with the lent image's versions (torch 2.11.0, no MLflow); tiny budget
 	.ci/device-rehearsal $(BIN)/python
 
@@ -117,8 +120,8 @@ mlflow-ui: $(STAMP) ## Serve the MLflow UI of MLFLOW_TRACKING_URI, else of the l
 	exec $(BIN)/mlflow ui --backend-store-uri "$$uri" --default-artifact-root $(RESULTS)/mlartifacts \
 		--host 127.0.0.1 --port $(PORT)
 
-clean-results: ## Delete the local MLflow store and rendered reports (asks no question)
-	rm -rf $(RESULTS)/mlflow.db $(RESULTS)/mlartifacts reports/*/ reports/*.pdf
+clean-results: ## Delete the local MLflow store and the reports rendered from it (asks no question; the committed reports stay)
+	rm -rf $(RESULTS)/mlflow.db $(RESULTS)/mlartifacts $(addprefix reports/,$(PAPERS)) $(addsuffix .pdf,$(addprefix reports/,$(PAPERS)))
 
 .PHONY: reports
 PAPERS := $(sort $(notdir $(patsubst %/,%,$(dir $(SUITES)))))

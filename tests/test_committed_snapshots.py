@@ -61,3 +61,33 @@ def test_a_committed_paper_pdf_shows_every_committed_snapshot_beside_it(folder):
     missing = sorted(s for s in suites if s not in text)
     assert not missing, (f"{pdf.relative_to(ROOT)} lacks {missing}: render it with one --from-snapshot per "
                          f"snapshot of {folder.relative_to(ROOT)}/ (docs/reports.md)")
+
+
+@pytest.mark.slow
+def test_the_committed_tables_are_what_their_snapshots_render_today(tmp_path):
+    """``make committed-reports`` (benchmarks.reporting.committed) renders every committed paper folder from its
+    snapshots; every Markdown, CSV and LaTeX table it writes equals the committed one, so a change of the
+    report code that moves a committed table fails here until the tables are re-rendered."""
+    from benchmarks.reporting.committed import render_committed
+
+    papers = render_committed(ROOT / "reports", tmp_path)
+    assert {(p.kind, p.paper) for p in papers} >= {("reproduced", "cgpfl"), ("quick", "fedl2p")}
+    assert len(next(p for p in papers if (p.kind, p.paper) == ("reproduced", "cgpfl")).snapshots) == 4
+    written = sorted(f for ext in ("md", "csv", "tex") for f in tmp_path.rglob(f"*.{ext}"))
+    assert written
+    stale = [str(f.relative_to(tmp_path)) for f in written
+             if f.read_text() != (ROOT / "reports" / f.relative_to(tmp_path)).read_text()]
+    assert not stale, f"committed tables differ from their snapshots' rendering today: {stale}; run `make committed-reports`"
+    for p in papers:
+        assert (tmp_path / p.kind / f"{p.paper}.pdf").exists()
+
+
+def test_make_clean_results_leaves_the_committed_reports():
+    """``make clean-results`` deletes the local store and the reports rendered from it, never the
+    committed ``reports/reproduced`` and ``reports/quick`` (it used to remove ``reports/*/``)."""
+    from conftest import make_dry_run
+
+    commands = make_dry_run("clean-results")
+    removed = commands.split()
+    assert "reports/cgpfl" in removed and "reports/demo" in removed
+    assert not any(word.startswith(("reports/reproduced", "reports/quick", "reports/*")) for word in removed), commands
