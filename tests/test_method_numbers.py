@@ -1,6 +1,6 @@
 """Every method's numbers pinned: each engine-equivalence case (tests/test_engine_equivalence.py:
 float64, fixed data, seed and batches) run on the sequential path must give the summary recorded in
-``tests/data/method_numbers.json`` to 1e-6 relative. A refactor, a faster path or a reordered
+``tests/data/method_numbers.json`` to 1e-6 relative (``TOLERANCE`` names the one exception, and why). A refactor, a faster path or a reordered
 draw that changes what a method computes fails here by name (the equivalence tests cannot see a
 change that moves both paths alike). A deliberate change rewrites the record:
 ``python tests/test_method_numbers.py --write``, committed with the change and its reason."""
@@ -19,6 +19,12 @@ from tests.helpers import one_thread  # noqa: E402,F401 (fixture)
 from tests.test_engine_equivalence import CASES, run_path  # noqa: E402
 
 RECORD = Path(__file__).parent / "data" / "method_numbers.json"
+# Relative tolerance per case where float64 rounding of the machine's BLAS kernels is amplified past
+# 1e-6: fedbabu-bn's eval loss (BatchNorm over a few 8x8 images after fine-tuning the head) moved by
+# 3.5e-5 relative between the AMD EPYC that wrote the record and an Intel Xeon with AVX-512 (MKL's
+# kernels; MKL_CBWR=AVX2 moves a second case), while its train losses agree to 3e-9. A change of what
+# the method computes moves it by far more.
+TOLERANCE = {"fedbabu-bn": 1e-4}
 
 
 def summary(name: str) -> dict[str, list[float]]:
@@ -42,7 +48,7 @@ def test_method_numbers_unchanged(name):
     got, want = summary(name), record[name]
     assert got.keys() == want.keys()
     for key in want:
-        assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-9), (
+        assert got[key] == pytest.approx(want[key], rel=TOLERANCE.get(name, 1e-6), abs=1e-9), (
             f"{name}: {key} moved; if deliberate, rewrite with python tests/test_method_numbers.py --write")
 
 
