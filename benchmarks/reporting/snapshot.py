@@ -10,7 +10,9 @@ runs; a run's metric history), so a snapshot renders exactly as the store it cam
 """
 from __future__ import annotations
 
+import base64
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,11 +36,21 @@ def history_keys(suite: Suite) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def artifact_names(suite: Suite) -> list[str]:
+    """The run artifacts a suite's qualitative figures draw (``dlg``: the attacked image and its
+    reconstruction; ``tsne``: the embeddings), over every profile: a snapshot carries them (a few KB
+    each) so the figure renders without the store."""
+    from benchmarks.reporting.qualitative import KINDS
+
+    figures = {metric_spec(suite, profile).figure for profile in suite.profiles}
+    return [f"{KINDS[f][0]}.npz" for f in sorted(figures) if f in KINDS]
+
+
 def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None,
                     profiles: list[str] | None = None) -> int:
     """Write the suite's cell runs (failed ones too, with their reasons) to ``path``: every profile's,
     or those of ``profiles`` (the runs' ``profile`` tag); returns how many finished."""
-    keys = history_keys(suite)
+    keys, wanted = history_keys(suite), artifact_names(suite)
     runs = []
     for run in tracker.runs(suite.key, status=None):
         if run.info.status not in ("FINISHED", "FAILED"):
@@ -47,14 +59,31 @@ def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict
             continue
         histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
                      for k in keys} if run.info.status == "FINISHED" else {}
-        runs.append({"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
-                     "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
-                     "metrics": dict(run.data.metrics), "histories": histories})
+        record = {"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
+                  "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
+                  "metrics": dict(run.data.metrics), "histories": histories}
+        artifacts = _artifacts(tracker, run.info.run_id, wanted) if run.info.status == "FINISHED" else {}
+        if artifacts:
+            record["artifacts"] = artifacts
+        runs.append(record)
     runs.sort(key=lambda r: (r["tags"].get("cell", ""), r["tags"].get("seed", ""), r["end_time"] or 0))
     payload = {"format": FORMAT, "suite": suite.key, "provenance": provenance or {}, "runs": runs}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
     return sum(r["status"] == "FINISHED" for r in runs)
+
+
+def _artifacts(tracker: Tracker, run_id: str, names: list[str]) -> dict[str, str]:
+    """name -> the artifact's bytes in base64, for each of ``names`` the run logged."""
+    if not names:
+        return {}
+    logged = {f.path for f in tracker.client.list_artifacts(run_id)}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            if name in logged:
+                out[name] = base64.b64encode(Path(tracker.client.download_artifacts(run_id, name, tmp)).read_bytes()).decode()
+    return out
 
 
 @dataclass
@@ -94,6 +123,25 @@ class SnapshotTracker:
         record = next(r for r in self.records if r["run_id"] == run_id)
         return [_Metric(*m) for m in record["histories"].get(key, [])]
 
+    def holds(self, run_id: str) -> bool:
+        return any(r["run_id"] == run_id for r in self.records)
+
+    def get_run(self, run_id: str) -> SimpleNamespace:
+        record = next(r for r in self.records if r["run_id"] == run_id)
+        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=record["status"], end_time=record["end_time"]),
+                               data=SimpleNamespace(tags=record["tags"], metrics=record["metrics"]))
+
+    def list_artifacts(self, run_id: str) -> list[SimpleNamespace]:
+        record = next(r for r in self.records if r["run_id"] == run_id)
+        return [SimpleNamespace(path=name) for name in record.get("artifacts", {})]
+
+    def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
+        """Write the carried artifact ``path`` under ``dst_path`` (as MLflow's client does); its path."""
+        record = next(r for r in self.records if r["run_id"] == run_id)
+        out = Path(dst_path) / path
+        out.write_bytes(base64.b64decode(record["artifacts"][path]))
+        return str(out)
+
 
 @dataclass
 class SnapshotSet:
@@ -120,11 +168,23 @@ class SnapshotSet:
         snapshot = self.snapshots.get(suite_key)
         return snapshot.runs(suite_key, status, kind) if snapshot else []
 
-    def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
+    def _of(self, run_id: str) -> SnapshotTracker:
         for snapshot in self.snapshots.values():
-            if any(r["run_id"] == run_id for r in snapshot.records):
-                return snapshot.get_metric_history(run_id, key)
+            if snapshot.holds(run_id):
+                return snapshot
         raise KeyError(f"run {run_id} is in none of the snapshots")
+
+    def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
+        return self._of(run_id).get_metric_history(run_id, key)
+
+    def get_run(self, run_id: str) -> SimpleNamespace:
+        return self._of(run_id).get_run(run_id)
+
+    def list_artifacts(self, run_id: str) -> list[SimpleNamespace]:
+        return self._of(run_id).list_artifacts(run_id)
+
+    def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
+        return self._of(run_id).download_artifacts(run_id, path, dst_path)
 
 
 def data_copies(records: list[dict]) -> dict[str, int]:
