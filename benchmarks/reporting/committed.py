@@ -44,16 +44,13 @@ def committed_papers(root: Path) -> list[CommittedPaper]:
 
 def render_committed(root: Path, out: Path) -> list[CommittedPaper]:
     """Render each committed paper into ``out/<kind>/`` (``out`` = ``root``: in place)."""
-    from benchmarks.cli import main
+    from benchmarks.reporting.commands import cmd_report
 
     papers = committed_papers(root)
-    for paper in papers:
-        args = ["report", "--profile", paper.profile, "--out", str(out / paper.kind)]
-        for file in paper.snapshots:
-            args += ["--from-snapshot", str(file)]
-        rc = main(args)
-        if rc:
-            raise SystemExit(rc)
+    for paper in papers:  # what `pflbench report --profile P --out OUT --from-snapshot F ...` does
+        cmd_report(argparse.Namespace(suites=[], paper=None, profile=paper.profile, out=str(out / paper.kind),
+                                      from_snapshot=[str(f) for f in paper.snapshots], beside_snapshot=None,
+                                      tracking_uri=None))
     return papers
 
 
