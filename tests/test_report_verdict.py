@@ -185,6 +185,24 @@ def test_column_conclusion_best_and_kendall_tau():
     assert column_conclusion("x", {"a": 1.0}, {"b": 2.0}) is None
 
 
+def test_an_exact_tie_with_the_papers_best_holds_and_is_named():
+    """CGPFL-Heur choosing K = 4 computes what CGPFL-K4 computes (73.63 both, CIFAR-10 seed 0): a tie
+    at the top that includes the paper's best holds, whichever order the methods come in, and the line
+    names the tie; a tie that leaves the paper's best out does not hold."""
+    from types import SimpleNamespace
+
+    from benchmarks.reporting.text import conclusion_lines
+    paper = {"APFL": 72.12, "CGPFL-K4": 72.78, "CGPFL-Heur": 74.75}
+    for order in (["APFL", "CGPFL-K4", "CGPFL-Heur"], ["CGPFL-Heur", "CGPFL-K4", "APFL"]):
+        ours = {m: {"APFL": 72.97, "CGPFL-K4": 73.63, "CGPFL-Heur": 73.63}[m] for m in order}
+        c = column_conclusion("cifar10-cnn", ours, paper)
+        assert (c.best_ours, c.tied, c.best_holds) == ("CGPFL-Heur", ("CGPFL-K4",), True)
+        (line,) = conclusion_lines(SimpleNamespace(conclusions=[c]))
+        assert "best ours **CGPFL-Heur (tied with CGPFL-K4)**, best paper **CGPFL-Heur** (holds)" in line
+    other = column_conclusion("x", {"a": 2.0, "b": 2.0, "c": 1.0}, {"a": 1.0, "b": 2.0, "c": 3.0})
+    assert other.best_paper == "c" and not other.best_holds and other.tied == ("b",)
+
+
 def test_conclusion_is_provisional_while_the_papers_best_has_no_run():
     """Four of nine methods run: the best among them is no verdict on the paper's best method."""
     from types import SimpleNamespace

@@ -22,6 +22,14 @@ class Conclusion:
     not_run: tuple[str, ...] = ()
     #: the paper's best over every method it reports in the column, run or not
     paper_top: str = ""
+    #: other methods whose value of ours equals ``best_ours`` exactly (e.g. CGPFL-Heur choosing K = 4
+    #: computes what CGPFL-K4 computes); the paper's best among them is named ``best_ours``
+    tied: tuple[str, ...] = ()
+
+    @property
+    def best_ours_text(self) -> str:
+        """``best_ours``, with the methods tied with it."""
+        return self.best_ours + (f" (tied with {', '.join(self.tied)})" if self.tied else "")
 
     @property
     def best_holds(self) -> bool:
@@ -50,8 +58,12 @@ def column_conclusion(column: str, ours: dict[str, float], paper: dict[str, floa
     not_run = tuple(m for m in published if m not in both)
     best_ours = pick(both, key=lambda m: ours[m])
     best_paper = pick(both, key=lambda m: paper[m])
+    ties = [m for m in both if ours[m] == ours[best_ours]]
+    if best_paper in ties:  # a tie with the paper's best is not a miss: name the paper's best
+        best_ours = best_paper
+    tied = tuple(m for m in ties if m != best_ours)
     tau = math.nan
     if len(both) >= 2:
         tau = float(kendalltau([ours[m] for m in both], [paper[m] for m in both]).statistic)
     return Conclusion(column, len(both), best_ours, best_paper, tau, not_run,
-                      pick(published, key=lambda m: paper[m]))
+                      pick(published, key=lambda m: paper[m]), tied)

@@ -225,13 +225,13 @@ def conclusion_lines(report: SuiteReport) -> list[str]:
         tau = "n/a" if math.isnan(c.tau) else f"{c.tau:+.2f}"
         holds = "holds" if c.best_holds else "does not hold"
         if c.provisional:
-            lines.append(f"- {c.column}: over the {c.methods} methods run so far, best ours **{c.best_ours}**, "
+            lines.append(f"- {c.column}: over the {c.methods} methods run so far, best ours **{c.best_ours_text}**, "
                          f"best paper **{c.best_paper}** ({holds} so far); Kendall τ = {tau}. Provisional: the "
                          f"paper's best in this column, **{c.paper_top}**, has no run yet "
                          f"(not run: {', '.join(c.not_run)})")
             continue
         unrun = f"; not run: {', '.join(c.not_run)}" if c.not_run else ""
-        lines.append(f"- {c.column}: best ours **{c.best_ours}**, best paper **{c.best_paper}** "
+        lines.append(f"- {c.column}: best ours **{c.best_ours_text}**, best paper **{c.best_paper}** "
                      f"({holds}); Kendall τ = {tau} over {c.methods} methods{unrun}")
     return lines
 
