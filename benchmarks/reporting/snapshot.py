@@ -100,6 +100,10 @@ class SnapshotTracker:
     suite_key: str
     provenance: dict
     records: list[dict] = field(repr=False)
+    by_id: dict[str, dict] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.by_id = {r["run_id"]: r for r in self.records}
 
     @classmethod
     def load(cls, path: Path) -> "SnapshotTracker":
@@ -115,32 +119,29 @@ class SnapshotTracker:
     def runs(self, suite_key: str, status: str | None = "FINISHED", kind: str | None = None) -> list:
         if suite_key != self.suite_key:
             return []
-        return [SimpleNamespace(info=SimpleNamespace(run_id=r["run_id"], status=r["status"], end_time=r["end_time"]),
-                                data=SimpleNamespace(tags=r["tags"], metrics=r["metrics"]))
-                for r in self.records if status is None or r["status"] == status]
+        return [_as_run(r) for r in self.records if status is None or r["status"] == status]
 
     def get_metric_history(self, run_id: str, key: str) -> list[_Metric]:
-        record = next(r for r in self.records if r["run_id"] == run_id)
-        return [_Metric(*m) for m in record["histories"].get(key, [])]
-
-    def holds(self, run_id: str) -> bool:
-        return any(r["run_id"] == run_id for r in self.records)
+        return [_Metric(*m) for m in self.by_id[run_id]["histories"].get(key, [])]
 
     def get_run(self, run_id: str) -> SimpleNamespace:
-        record = next(r for r in self.records if r["run_id"] == run_id)
-        return SimpleNamespace(info=SimpleNamespace(run_id=run_id, status=record["status"], end_time=record["end_time"]),
-                               data=SimpleNamespace(tags=record["tags"], metrics=record["metrics"]))
+        return _as_run(self.by_id[run_id])
 
     def list_artifacts(self, run_id: str) -> list[SimpleNamespace]:
-        record = next(r for r in self.records if r["run_id"] == run_id)
-        return [SimpleNamespace(path=name) for name in record.get("artifacts", {})]
+        return [SimpleNamespace(path=name) for name in self.by_id[run_id].get("artifacts", {})]
 
     def download_artifacts(self, run_id: str, path: str, dst_path: str) -> str:
         """Write the carried artifact ``path`` under ``dst_path`` (as MLflow's client does); its path."""
-        record = next(r for r in self.records if r["run_id"] == run_id)
         out = Path(dst_path) / path
-        out.write_bytes(base64.b64decode(record["artifacts"][path]))
+        out.write_bytes(base64.b64decode(self.by_id[run_id]["artifacts"][path]))
         return str(out)
+
+
+def _as_run(record: dict) -> SimpleNamespace:
+    """A snapshot record in the shape of an MLflow run (``info``, ``data``), as the report reads it."""
+    return SimpleNamespace(info=SimpleNamespace(run_id=record["run_id"], status=record["status"],
+                                                end_time=record["end_time"]),
+                           data=SimpleNamespace(tags=record["tags"], metrics=record["metrics"]))
 
 
 @dataclass
@@ -170,7 +171,7 @@ class SnapshotSet:
 
     def _of(self, run_id: str) -> SnapshotTracker:
         for snapshot in self.snapshots.values():
-            if snapshot.holds(run_id):
+            if run_id in snapshot.by_id:
                 return snapshot
         raise KeyError(f"run {run_id} is in none of the snapshots")
 
