@@ -172,3 +172,16 @@ def test_the_lend_stops_at_its_deadline_with_no_half_written_record(tmp_path):
     assert _unpacked(out, tmp_path / "records") == []
     assert "| setting=dir,method=fedavg | stopped at the deadline | - |" in (out / "lend.md").read_text()
     assert not [p for p in out.rglob("*") if p.name.startswith(".")]  # no temporary file left behind
+
+
+def test_the_lend_runs_only_the_seeds_it_is_given(tmp_path):
+    """``--seeds``: a column whose seed 0 ran elsewhere (on a CPU) sends only its other seeds to a lend."""
+    out = _lend(tmp_path, "--budget-s=600", "--min-start-s=0", "--only=setting=dir", "--only=method=fedavg",
+                "--seeds", "1")
+    suite = load_suite(tmp_path / "suites" / "tiny" / "mini.yaml")
+    wanted = suite.expand("smoke", seeds=[1], only={"setting": ["dir"], "method": ["fedavg"]})
+    assert [s.seed for s in wanted] == [1]
+    files = _unpacked(out, tmp_path / "records")
+    assert [p.stem for p in files] == [wanted[0].config_hash]
+    assert "1 run(s) selected (setting=dir method=fedavg, seeds 1), 0 already recorded, 1 finished here" in (
+        out / "lend.md").read_text()

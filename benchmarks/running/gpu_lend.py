@@ -159,7 +159,8 @@ def write_summary(out: Path, args, suite, specs, skipped: int, summary: dict, ch
              f"Device {device_name}; budget {args.budget_s:.0f} s, wall {wall:.0f} s; --jobs {args.jobs}, capture "
              f"{os.environ.get('PFL_CAPTURE_STEP', 'off')}, TF32 {'on' if args.allow_tf32 else 'off'}; "
              f"`{command_line()}`", "",
-             f"{len(specs)} run(s) selected ({' '.join(args.only or []) or 'all cells'}), {skipped} already recorded, "
+             f"{len(specs)} run(s) selected ({' '.join(args.only or []) or 'all cells'}"
+             f"{', seeds ' + ' '.join(map(str, args.seeds)) if args.seeds else ''}), {skipped} already recorded, "
              f"{summary['finished']} finished here, {summary['failed']} failed.", "",
              "| step | status | seconds |", "| --- | --- | --- |"]
     lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} |" for s in check]
@@ -178,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default="cafeme/table1")
     parser.add_argument("--profile", default="paper")
     parser.add_argument("--only", action="append", metavar="AXIS=LABEL[,LABEL]", default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="override the profile's seeds (the seeds of a cell already run elsewhere, left out)")
     parser.add_argument("--records-dir", default=DEFAULT_RECORDS, help="committed records: their runs are skipped")
     parser.add_argument("--out", default=os.environ.get("OUT") or None,
                         help="where the GPU report, lend.md and records.tar.gz go (default $OUT, else a temp folder)")
@@ -217,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:6.1f} s] {text}", flush=True)
 
     suite = load_suite(args.suite)
-    specs = suite.expand(args.profile, only=parse_only(args.only))
+    specs = suite.expand(args.profile, seeds=args.seeds, only=parse_only(args.only))
     done = recorded_hashes(args.records_dir, suite.key)
     groups = pending_groups(specs, done, args.first)
     skipped = sum(s.config_hash in done for s in specs)
