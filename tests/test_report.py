@@ -735,3 +735,19 @@ def test_a_snapshot_exports_every_profile_or_those_named(reported, tmp_path):
     assert rc == 0 and [r["run_id"] for r in smoke] == [r["run_id"] for r in every]
     rc, quick = exported("quick")
     assert rc == 1 and quick == []
+
+
+def test_the_curves_figure_labels_its_y_axis_as_the_curve_and_says_not_run_on_an_empty_panel(reported):
+    """CAFeMe Fig. 4 form: the y axis is the curve over steps, not the table metric (one point of it);
+    a column without a finished run shows "not run" instead of an empty frame with an empty legend."""
+    from benchmarks.reporting.figures import paper_curves
+
+    report = copy.copy(reported["hand_pdf"].suites[0].report)
+    assert report.suite.key == "hand/curves"
+    fig = paper_curves(report)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["curve/acc (%), seed mean"] * len(fig.axes)
+    assert all(ax.lines and ax.get_legend() for ax in fig.axes)
+    report.runs = report.runs[~report.runs["cell"].str.startswith("setting=iid")]
+    by_title = {ax.get_title(): ax for ax in paper_curves(report).axes}
+    assert [t.get_text() for t in by_title["iid"].texts] == ["not run"] and not by_title["iid"].lines
+    assert by_title["dir"].lines and not by_title["dir"].texts

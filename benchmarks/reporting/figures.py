@@ -160,6 +160,12 @@ def _curve_stats(report: SuiteReport, cell: str, key: str | None = None, scale: 
     return grid.mean(axis=0), np.nan_to_num(band), np.array(steps)
 
 
+def curve_label(metric) -> str:
+    """The y label of a curve over steps: the curve's key (the table metric's label names one point of
+    it, e.g. the mean after steps 48-50), in % when the report scales by 100."""
+    return f"{metric.curve_metric} (%), seed mean" if metric.scale == 100 else f"{metric.curve_metric}, seed mean"
+
+
 def paper_curves(report: SuiteReport):
     """CAFeMe Fig. 4 form: per column, the seed-mean fine-tuning curve per method with ± bands."""
     from benchmarks.suite.spec import cell_id
@@ -178,8 +184,11 @@ def paper_curves(report: SuiteReport):
             ax.fill_between(steps, mean - band, mean + band, color=line.get_color(), alpha=0.2)
         ax.set_title(column_label(g.iloc[0], report.column_axes), fontsize=9)
         ax.set_xlabel("personalization steps", fontsize=8)
-        ax.set_ylabel(report.metric.label, fontsize=7)
-        ax.legend(fontsize=6)
+        ax.set_ylabel(curve_label(report.metric), fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, "not run", ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.suptitle(f"{report.suite.key}: accuracy vs personalization steps (band: ±{report.metric.pm})", fontsize=10)
     fig.tight_layout()
     return fig
