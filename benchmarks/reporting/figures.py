@@ -163,7 +163,8 @@ def _curve_stats(report: SuiteReport, cell: str, key: str | None = None, scale: 
 def curve_label(metric) -> str:
     """The y label of a curve over steps: the curve's key (the table metric's label names one point of
     it, e.g. the mean after steps 48-50), in % when the report scales by 100."""
-    return f"{metric.curve_metric} (%), seed mean" if metric.scale == 100 else f"{metric.curve_metric}, seed mean"
+    unit = " (%)" if metric.scale == 100 else ""
+    return f"{metric.curve_metric}{unit}, seed mean"
 
 
 def paper_curves(report: SuiteReport):
