@@ -388,7 +388,13 @@ def build_parser() -> argparse.ArgumentParser:
     snap.add_argument("--profile", action="append", default=None, metavar="PROFILE",
                       help="export only this profile's runs; repeatable (default: every profile of the suite, "
                            "which `report --from-snapshot --profile` then selects from)")
-    snap.add_argument("--out", required=True, help="the snapshot file, e.g. reports/reproduced/cgpfl/table1.snapshot.json")
+    snap.add_argument("--only", action="append", metavar="KEY=VALUE",
+                      help="export only these cells' runs (as for run); repeatable")
+    target = snap.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", help="the snapshot file to write, e.g. reports/reproduced/cgpfl/table1.snapshot.json")
+    target.add_argument("--into", metavar="FILE",
+                        help="a committed snapshot to add the selected runs it lacks to (by run id), keeping "
+                             "its records; each --note extends its provenance entry")
     snap.add_argument("--note", action="append", default=[], metavar="KEY=VALUE",
                       help="provenance to record (machine, command, data, wall-clock, ...); repeatable")
     snap.set_defaults(func=cmd_snapshot)

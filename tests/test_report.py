@@ -737,6 +737,42 @@ def test_a_snapshot_exports_every_profile_or_those_named(reported, tmp_path):
     assert rc == 1 and quick == []
 
 
+def test_snapshot_into_adds_the_runs_a_committed_snapshot_lacks_and_keeps_its_records(reported, tmp_path, capsys):
+    """``pflbench snapshot --into FILE``: a snapshot exported for one setting grows by the other
+    setting's runs (selected with ``--only``), its records kept byte for byte, each ``--note``
+    extending its provenance entry; the result holds the same runs as one full export. A second
+    call adds nothing (exit 1); a missing file, another suite's file, an unknown axis or label are
+    refused with one line naming the fix."""
+    path, uri = str(reported["path"]), reported["uri"]
+    full, part = tmp_path / "full.json", tmp_path / "part.json"
+    assert main(["snapshot", path, "--tracking-uri", uri, "--out", str(full)]) == 0
+    assert main(["snapshot", path, "--tracking-uri", uri, "--out", str(part), "--only", "setting=dir",
+                 "--note", "what ran=the dir setting"]) == 0
+    first = json.loads(part.read_text())["runs"]
+    assert first and {r["tags"]["cell.setting"] for r in first} == {"dir"}
+    capsys.readouterr()
+    assert main(["snapshot", path, "--tracking-uri", uri, "--into", str(part), "--only", "setting=dir,iid",
+                 "--note", "what ran=then the iid setting", "--note", "machine=box"]) == 0
+    out = capsys.readouterr().out
+    merged = json.loads(part.read_text())
+    assert f"{len(first)} already there" in out
+    assert merged["provenance"] == {"what ran": "the dir setting; then the iid setting", "machine": "box"}
+    assert merged["runs"] == json.loads(full.read_text())["runs"]  # same records, same order as one export
+    kept = {r["run_id"]: r for r in merged["runs"]}
+    assert all(kept[r["run_id"]] == r for r in first)
+    assert main(["snapshot", path, "--tracking-uri", uri, "--into", str(part)]) == 1  # nothing new
+    assert json.loads(part.read_text()) == merged
+    capsys.readouterr()
+    for args, message in ((["--into", str(tmp_path / "none.json")], "no such file; export it first with --out"),
+                          (["--into", str(part), "--only", "optimizer=sgd"], "--only names axis 'optimizer'"),
+                          (["--into", str(part), "--only", "setting=dirichlet"], "--only setting=dirichlet: no such label")):
+        assert main(["snapshot", path, "--tracking-uri", uri, *args]) == 2
+        assert message in capsys.readouterr().err
+    other = reported["hand"]["curves"]
+    assert main(["snapshot", str(other.path), "--tracking-uri", uri, "--into", str(part)]) == 2
+    assert f"it holds {reported['suite'].key}, not {other.key}" in capsys.readouterr().err
+
+
 def test_the_curves_figure_labels_its_y_axis_as_the_curve_and_says_not_run_on_an_empty_panel(reported):
     """CAFeMe Fig. 4 form: the y axis is the curve over steps, not the table metric (one point of it);
     a column without a finished run shows "not run" instead of an empty frame with an empty legend."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.suite.packaged import suite_file
-from benchmarks.suite.spec import load_suite
+from benchmarks.suite.spec import load_suite, parse_only
 from benchmarks.suite.schema import SuiteError
 
 
@@ -103,8 +103,9 @@ def beside_snapshots(files: list[str]) -> tuple[list, str]:
 
 
 def cmd_snapshot(args) -> int:
-    """Export the suite's finished runs with the provenance notes (benchmarks.reporting.snapshot)."""
-    from benchmarks.reporting.snapshot import export_snapshot
+    """Export the suite's finished runs with the provenance notes to a new file (``--out``), or add the
+    runs a committed snapshot lacks to it (``--into``) (benchmarks.reporting.snapshot)."""
+    from benchmarks.reporting.snapshot import export_snapshot, merge_into_snapshot
 
     notes = {}
     for note in args.note:
@@ -113,7 +114,21 @@ def cmd_snapshot(args) -> int:
             raise SuiteError(f"--note {note!r}: expected KEY=VALUE")
         notes[key.strip()] = value.strip()
     suite = load_suite(args.suite)
-    count = export_snapshot(suite, _tracker(args), Path(args.out), notes, profiles=args.profile)
+    only = parse_only(args.only)
+    labels = {axis.name: axis.labels for axis in suite.axes}
+    for axis, values in only.items():
+        if axis not in labels:
+            raise SuiteError(f"{suite.path}: --only names axis {axis!r}; axes: {list(labels)}")
+        if unknown := [v for v in values if v not in labels[axis]]:
+            raise SuiteError(f"{suite.path}: --only {axis}={','.join(unknown)}: no such label; {axis}: {labels[axis]}")
     which = f" of profile {', '.join(args.profile)}" if args.profile else ""
+    which += "".join(f", {axis}={','.join(values)}" for axis, values in only.items())
+    if args.into:
+        merged = merge_into_snapshot(suite, _tracker(args), Path(args.into), notes, profiles=args.profile, only=only)
+        finished = sum(r["status"] == "FINISHED" for r in merged.added)
+        print(f"{suite.key}: {len(merged.added)} run(s){which} added ({finished} finished), {merged.already} "
+              f"already there -> {args.into} ({merged.total} runs)")
+        return 0 if merged.added else 1
+    count = export_snapshot(suite, _tracker(args), Path(args.out), notes, profiles=args.profile, only=only)
     print(f"{suite.key}: {count} finished runs{which} -> {args.out}")
     return 0 if count else 1

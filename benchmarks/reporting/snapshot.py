@@ -46,16 +46,23 @@ def artifact_names(suite: Suite) -> list[str]:
     return [f"{KINDS[f][0]}.npz" for f in sorted(figures) if f in KINDS]
 
 
-def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None,
-                    profiles: list[str] | None = None) -> int:
-    """Write the suite's cell runs (failed ones too, with their reasons) to ``path``: every profile's,
-    or those of ``profiles`` (the runs' ``profile`` tag); returns how many finished."""
+def _selected(run, profiles: list[str] | None, only: dict[str, list[str]] | None) -> bool:
+    """Whether a store run belongs in the export: a result (FINISHED or FAILED, never a claim or a run
+    in progress), of one of ``profiles`` (its ``profile`` tag) and of the cells ``only`` names (its
+    ``cell.<axis>`` tags, as ``pflbench run --only`` selects them)."""
+    tags = run.data.tags
+    return (run.info.status in ("FINISHED", "FAILED") and (not profiles or tags.get("profile") in profiles)
+            and all(tags.get(f"cell.{axis}") in values for axis, values in (only or {}).items()))
+
+
+def _records(suite: Suite, tracker: Tracker, profiles: list[str] | None,
+             only: dict[str, list[str]] | None) -> list[dict]:
+    """The store's selected runs (:func:`_selected`) as snapshot records: tags, final metrics, the
+    histories and artifacts the suite's reports read."""
     keys, wanted = history_keys(suite), artifact_names(suite)
     runs = []
     for run in tracker.runs(suite.key, status=None):
-        if run.info.status not in ("FINISHED", "FAILED"):
-            continue  # claims and runs in progress are not results
-        if profiles and run.data.tags.get("profile") not in profiles:
+        if not _selected(run, profiles, only):
             continue
         histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
                      for k in keys} if run.info.status == "FINISHED" else {}
@@ -66,11 +73,58 @@ def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict
         if artifacts:
             record["artifacts"] = artifacts
         runs.append(record)
+    return runs
+
+
+def _write(path: Path, suite_key: str, provenance: dict, runs: list[dict]) -> None:
     runs.sort(key=lambda r: (r["tags"].get("cell", ""), r["tags"].get("seed", ""), r["end_time"] or 0))
-    payload = {"format": FORMAT, "suite": suite.key, "provenance": provenance or {}, "runs": runs}
+    payload = {"format": FORMAT, "suite": suite_key, "provenance": provenance, "runs": runs}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps(payload, indent=1, sort_keys=True) + "\n")
+
+
+def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict | None = None,
+                    profiles: list[str] | None = None, only: dict[str, list[str]] | None = None) -> int:
+    """Write the suite's cell runs (failed ones too, with their reasons) to ``path``: every profile's,
+    or those of ``profiles`` (the runs' ``profile`` tag), of every cell or those ``only`` names;
+    returns how many finished."""
+    runs = _records(suite, tracker, profiles, only)
+    _write(path, suite.key, provenance or {}, runs)
     return sum(r["status"] == "FINISHED" for r in runs)
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What :func:`merge_into_snapshot` did: records added, selected records the file already held,
+    and the file's records afterwards."""
+
+    added: list[dict]
+    already: int
+    total: int
+
+
+def merge_into_snapshot(suite: Suite, tracker: Tracker, path: Path, notes: dict | None = None,
+                        profiles: list[str] | None = None, only: dict[str, list[str]] | None = None) -> Merged:
+    """Add the store's selected runs (as :func:`export_snapshot` selects them) that committed snapshot
+    ``path`` does not hold yet (by run id) to it, keeping every record it has; each of ``notes``
+    extends the provenance entry of its key ("old; new") or starts one. The way a table grows by a
+    column or a profile run later, without re-exporting (and so re-dating) the runs already there."""
+    if not Path(path).exists():
+        raise SuiteError(f"snapshot --into {path}: no such file; export it first with --out {path}")
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise SuiteError(f"{path}: snapshot format {data.get('format')!r}, this version writes {FORMAT}")
+    if data["suite"] != suite.key:
+        raise SuiteError(f"snapshot --into {path}: it holds {data['suite']}, not {suite.key}; name that suite")
+    have = {r["run_id"] for r in data["runs"]}
+    selected = _records(suite, tracker, profiles, only)
+    added = [r for r in selected if r["run_id"] not in have]
+    provenance = dict(data.get("provenance") or {})
+    for key, value in (notes or {}).items():
+        provenance[key] = f"{provenance[key]}; {value}" if provenance.get(key) else value
+    if added or notes:
+        _write(path, suite.key, provenance, data["runs"] + added)
+    return Merged(added, len(selected) - len(added), len(data["runs"]) + len(added))
 
 
 def _artifacts(tracker: Tracker, run_id: str, names: list[str]) -> dict[str, str]:
