@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "changes a number or the config hash (tag step_capture)")
     run.add_argument("--lockstep-seeds", "--batch-seeds", action="store_true",
                      help="run the seeds of each cell together in lockstep, their clients stacked on the "
-                          "batched path (one unit of work per cell for --jobs / Ray)")
+                          "batched path (one unit of work per cell for --jobs / Ray); for GPUs: on a CPU "
+                          "it loses beyond a few seeds of a small model (docs/speed.md)")
     run.add_argument("--lease", type=float, default=None, metavar="SECONDS",
                      help="lease of a claimed run (default 60): another runner recomputes a run whose "
                           "runner died on another machine once its lease expired (on this machine: at once)")
