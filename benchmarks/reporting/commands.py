@@ -115,12 +115,7 @@ def cmd_snapshot(args) -> int:
         notes[key.strip()] = value.strip()
     suite = load_suite(args.suite)
     only = parse_only(args.only)
-    labels = {axis.name: axis.labels for axis in suite.axes}
-    for axis, values in only.items():
-        if axis not in labels:
-            raise SuiteError(f"{suite.path}: --only names axis {axis!r}; axes: {list(labels)}")
-        if unknown := [v for v in values if v not in labels[axis]]:
-            raise SuiteError(f"{suite.path}: --only {axis}={','.join(unknown)}: no such label; {axis}: {labels[axis]}")
+    suite.check_only(only, labels=True)
     which = f" of profile {', '.join(args.profile)}" if args.profile else ""
     which += "".join(f", {axis}={','.join(values)}" for axis, values in only.items())
     if args.into:

@@ -55,25 +55,26 @@ def _selected(run, profiles: list[str] | None, only: dict[str, list[str]] | None
             and all(tags.get(f"cell.{axis}") in values for axis, values in (only or {}).items()))
 
 
-def _records(suite: Suite, tracker: Tracker, profiles: list[str] | None,
-             only: dict[str, list[str]] | None) -> list[dict]:
-    """The store's selected runs (:func:`_selected`) as snapshot records: tags, final metrics, the
-    histories and artifacts the suite's reports read."""
-    keys, wanted = history_keys(suite), artifact_names(suite)
-    runs = []
-    for run in tracker.runs(suite.key, status=None):
-        if not _selected(run, profiles, only):
-            continue
-        histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
-                     for k in keys} if run.info.status == "FINISHED" else {}
-        record = {"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
-                  "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
-                  "metrics": dict(run.data.metrics), "histories": histories}
-        artifacts = _artifacts(tracker, run.info.run_id, wanted) if run.info.status == "FINISHED" else {}
-        if artifacts:
-            record["artifacts"] = artifacts
-        runs.append(record)
-    return runs
+def _selected_runs(suite: Suite, tracker: Tracker, profiles: list[str] | None,
+                   only: dict[str, list[str]] | None) -> list:
+    """The store's runs of the suite that :func:`_selected` keeps (tags only: nothing fetched yet)."""
+    return [run for run in tracker.runs(suite.key, status=None) if _selected(run, profiles, only)]
+
+
+def _record(suite_keys: tuple[list[str], list[str]], tracker: Tracker, run) -> dict:
+    """One store run as a snapshot record: tags, final metrics, and the histories and artifacts
+    (``suite_keys``: :func:`history_keys`, :func:`artifact_names`) the suite's reports read."""
+    keys, wanted = suite_keys
+    finished = run.info.status == "FINISHED"
+    histories = {k: [[m.step, m.value, m.timestamp] for m in tracker.client.get_metric_history(run.info.run_id, k)]
+                 for k in keys} if finished else {}
+    record = {"run_id": run.info.run_id, "status": run.info.status, "end_time": run.info.end_time,
+              "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
+              "metrics": dict(run.data.metrics), "histories": histories}
+    artifacts = _artifacts(tracker, run.info.run_id, wanted) if finished else {}
+    if artifacts:
+        record["artifacts"] = artifacts
+    return record
 
 
 def _write(path: Path, suite_key: str, provenance: dict, runs: list[dict]) -> None:
@@ -88,7 +89,8 @@ def export_snapshot(suite: Suite, tracker: Tracker, path: Path, provenance: dict
     """Write the suite's cell runs (failed ones too, with their reasons) to ``path``: every profile's,
     or those of ``profiles`` (the runs' ``profile`` tag), of every cell or those ``only`` names;
     returns how many finished."""
-    runs = _records(suite, tracker, profiles, only)
+    suite_keys = history_keys(suite), artifact_names(suite)
+    runs = [_record(suite_keys, tracker, run) for run in _selected_runs(suite, tracker, profiles, only)]
     _write(path, suite.key, provenance or {}, runs)
     return sum(r["status"] == "FINISHED" for r in runs)
 
@@ -117,8 +119,9 @@ def merge_into_snapshot(suite: Suite, tracker: Tracker, path: Path, notes: dict 
     if data["suite"] != suite.key:
         raise SuiteError(f"snapshot --into {path}: it holds {data['suite']}, not {suite.key}; name that suite")
     have = {r["run_id"] for r in data["runs"]}
-    selected = _records(suite, tracker, profiles, only)
-    added = [r for r in selected if r["run_id"] not in have]
+    selected = _selected_runs(suite, tracker, profiles, only)
+    suite_keys = history_keys(suite), artifact_names(suite)  # histories fetched for new runs only
+    added = [_record(suite_keys, tracker, run) for run in selected if run.info.run_id not in have]
     provenance = dict(data.get("provenance") or {})
     for key, value in (notes or {}).items():
         provenance[key] = f"{provenance[key]}; {value}" if provenance.get(key) else value

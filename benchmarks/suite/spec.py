@@ -253,6 +253,17 @@ class Suite:
         return [dict(zip((a.name for a in self.axes), combo))
                 for combo in itertools.product(*(a.labels for a in self.axes))]
 
+    def check_only(self, only: dict[str, list[str]], labels: bool = False) -> None:
+        """Refuse an ``--only`` naming an axis the suite lacks (and with ``labels``, a label its axis
+        lacks) in one line naming the suite's axes or the axis's labels."""
+        by_name = {a.name: a.labels for a in self.axes}
+        for axis, values in only.items():
+            if axis not in by_name:
+                raise SuiteError(f"{self.path}: --only names axis {axis!r}; axes: {list(by_name)}")
+            if labels and (unknown := [v for v in values if v not in by_name[axis]]):
+                raise SuiteError(f"{self.path}: --only {axis}={','.join(unknown)}: no such label; "
+                                 f"{axis}: {by_name[axis]}")
+
     def expand(self, profile: str = "paper", seeds: list[int] | None = None,
                only: dict[str, list[str]] | None = None, use_tuned: bool = True) -> list[RunSpec]:
         """Every (cell, seed) run of ``profile``, filtered by ``only`` (axis -> allowed labels).
@@ -260,10 +271,7 @@ class Suite:
         prof = self._profile(profile)
         run_seeds = list(seeds) if seeds is not None else list(prof.get("seeds", self.raw["seeds"]))
         only = only or {}
-        axis_names = [a.name for a in self.axes]
-        for axis in only:
-            if axis not in axis_names:
-                raise SuiteError(f"{self.path}: --only names axis {axis!r}; axes: {axis_names}")
+        self.check_only(only)
         specs, hashes = [], {}
         for combo in itertools.product(*(range(len(a.labels)) for a in self.axes)):
             cell = {a.name: a.labels[i] for a, i in zip(self.axes, combo)}
