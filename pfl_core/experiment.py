@@ -284,6 +284,7 @@ def run_result(setup: RunSetup, fed_result, info: dict) -> RunResult:
     metrics["train_loss"] = fed_result.history[-1]["train_loss"] if fed_result.history else float("nan")
     short = short_train_clients(fed.clients, setup.cfg.federation.batch_size)  # all clients, unseen too
     metrics["short_train_clients"] = float(len(short))  # the report counts them per run
+    metrics.update({k: float(v) for k, v in setup.algorithm.run_metrics(server).items()})
     if setup.algorithm.pretraining_rounds():  # the report's best-validation selection skips them
         metrics["pretraining_rounds"] = float(setup.algorithm.pretraining_rounds())
     if setup.cfg.federation.early_stopping:  # the round training ended at (rounds: it did not stop)

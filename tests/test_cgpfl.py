@@ -181,6 +181,7 @@ def test_cgpfl_heur_chooses_k_once_and_records_it():
     info = alg.run_info(server)
     assert info["cgpfl_heur_chosen_k"] == 3 and info["cgpfl_heur_candidates"] == list(range(1, 7))
     assert info["cgpfl_contexts"] == 3
+    assert alg.run_metrics(server) == {"cgpfl_contexts": 3.0, "cgpfl_heur_chosen_k": 3.0}
 
 
 def test_relative_mu_at_most_one_always_chooses_one_context():
@@ -430,6 +431,11 @@ def test_table1_smoke_cell_runs_end_to_end_on_offline_digits(method):
     assert 0.0 < result.info["test_in_other_train_fraction"] < 1.0  # overlap mode: clients share rows
     if method == "CGPFL-Heur":
         assert 1 <= result.info["cgpfl_heur_chosen_k"] <= 20
+        assert result.metrics["cgpfl_heur_chosen_k"] == result.info["cgpfl_heur_chosen_k"]  # snapshots carry it
+    if method != "pFedMe-PM":
+        assert result.metrics["cgpfl_contexts"] == result.info["cgpfl_contexts"]
+    else:
+        assert "cgpfl_contexts" not in result.metrics
 
 
 # the named conventions every CGPFL suite cell of these methods must run with (issue 11, item 8)

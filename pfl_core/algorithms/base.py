@@ -185,6 +185,12 @@ class Algorithm(ABC):
         method made while training; none by default."""
         return {}
 
+    def run_metrics(self, server: ServerState) -> dict[str, float]:
+        """Numbers a finished run logs as metrics beside its accuracies, so that snapshots, reports
+        and the MLflow run table carry them (``run_info`` only reaches ``run_info.json``), e.g. a
+        choice the method made while training; none by default."""
+        return {}
+
     def logits(self, params: Params, x: torch.Tensor, client: ClientContext) -> torch.Tensor:
         """Predictions of ``params`` on ``x`` for ``client`` at evaluation (a hook for methods
         whose forward needs more than the inputs, e.g. a labelled context batch)."""

@@ -255,3 +255,7 @@ class CGPFL(ProxProgram):
     def run_info(self, server: ServerState) -> dict:
         """``cgpfl_contexts``: K, and the final context sizes (clients per context)."""
         return {"cgpfl_contexts": server["num_clusters"], "cgpfl_context_sizes": list(server["sizes"])}
+
+    def run_metrics(self, server: ServerState) -> dict[str, float]:
+        """``cgpfl_contexts``: K, as a metric (snapshots and reports read it per run)."""
+        return {"cgpfl_contexts": float(server["num_clusters"])}

@@ -7,7 +7,8 @@ server clusters the uploads and picks argmin_K penalty(K) + mu * cost(K), with c
 sees theta; m_i = the client's training-sample count) and penalty(K) = K*d (``penalty="kd"``,
 harness default) or sqrt(K*d) (``"sqrt_kd"``); d = number of model parameters. K is then fixed for
 the rest of training (the paper runs the solver "only at the first global round"). Each run records
-its choice in ``run_info.json`` (``cgpfl_heur_chosen_k``, with every candidate's cost and objective).
+its choice in ``run_info.json`` (``cgpfl_heur_chosen_k``, with every candidate's cost and
+objective) and as the run's metric ``cgpfl_heur_chosen_k`` (snapshots and reports carry it).
 
 **Relative mu collapses to K = 1 for mu <= 1** (``mu_scale="relative"``, the harness default):
 there mu_abs = mu * penalty(1) / cost(1), so with ``kd`` the objective is
@@ -116,3 +117,8 @@ class CGPFLHeur(CGPFL):
         return {**super().run_info(server), "cgpfl_heur_chosen_k": heur.get("chosen"),
                 "cgpfl_heur_candidates": heur.get("candidates"), "cgpfl_heur_cost": heur.get("cost"),
                 "cgpfl_heur_objective": heur.get("objective")}
+
+    def run_metrics(self, server: ServerState) -> dict[str, float]:
+        """``cgpfl_heur_chosen_k``: the K expression (11) chose at the first round, as a metric."""
+        chosen = (server.get("heur") or {}).get("chosen")
+        return {**super().run_metrics(server), **({} if chosen is None else {"cgpfl_heur_chosen_k": float(chosen)})}
