@@ -102,9 +102,17 @@ def _param_dicts(value):
 
 def _check_finite(server: ServerState, round_idx: int) -> None:
     """One host read per round: every server tensor's finite flag reduced where it lives, then read
-    once (a read per tensor was 310 of FedL2P's 312 host syncs per round on a GPU; issue 26)."""
-    flags = [torch.isfinite(t).all() for params in _param_dicts(server) for t in params.values()]
-    if flags and not bool(torch.stack(flags).all()):
+    once (a read per tensor was 310 of FedL2P's 312 host syncs per round on a GPU).
+
+    The flag is the finiteness of each tensor's sum: an inf or NaN element makes the sum inf or
+    NaN, so a finite sum proves every element finite in one pass without a mask (about 12x faster
+    than ``isfinite(t).all()`` on pFedHN's hypernetwork and momentum on a CPU,
+    ``benchmarks.timing.finite_check``). A non-finite sum may be an overflow of finite values, so
+    then the element-wise check decides."""
+    tensors = [t for params in _param_dicts(server) for t in params.values()]
+    if not tensors or bool(torch.stack([t.sum().isfinite() for t in tensors]).all()):
+        return
+    if not bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
         raise DivergenceError(f"non-finite server parameters after round {round_idx + 1}")
 
 

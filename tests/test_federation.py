@@ -119,3 +119,25 @@ def test_the_fused_finite_check_finds_one_bad_value_in_any_parameter_dict():
     with pytest.raises(DivergenceError, match="non-finite server parameters after round 5"):
         _check_finite(server, 4)
     _check_finite({"params": {}}, 0)  # nothing to check
+    clusters[2]["b"][0] = float("nan")
+    with pytest.raises(DivergenceError, match="after round 2"):
+        _check_finite(server, 1)
+    clusters[2]["b"][0] = 0.0
+    server["params"]["w"] = torch.full((2, 2), 3e38)  # finite values whose float32 sum overflows
+    assert torch.isinf(server["params"]["w"].sum())
+    _check_finite(server, 0)
+    server["params"]["w"] = torch.tensor([float("inf"), -float("inf")])  # a NaN sum from two infs
+    with pytest.raises(DivergenceError):
+        _check_finite(server, 0)
+
+
+def test_the_finite_check_benchmark_times_both_checks_on_a_finite_state(capsys):
+    """``benchmarks.timing.finite_check``: both checks pass pFedHN's CIFAR-10 server state."""
+    from benchmarks.timing import finite_check
+
+    server = finite_check.server_state(clients=8)
+    assert finite_check.elementwise(server)
+    finite_check.main(["--checks", "1"])
+    finite_check.main(["--checks", "1", "--elementwise"])
+    out = capsys.readouterr().out
+    assert "(sum first)" in out and "(element-wise)" in out
