@@ -8,6 +8,11 @@ torch/numpy/random generators. Evaluation contexts are rebuilt from the run seed
 evaluation, so they need nothing. A run resumed from a checkpoint therefore gives bit-identical
 numbers to an uninterrupted one on the same machine (tests/test_checkpoint.py).
 
+A checkpoint also holds the wall-clock seconds its run had spent when it was saved (``elapsed_s``,
+summed over the processes before): a resumed run's ``wall_s`` is its whole compute time, the rounds
+lost to the kill (after the last checkpoint) not counted; ``wall_s_before_resume`` in its ``info``
+is the part from earlier processes (None when the checkpoint predates the field).
+
 Files are written atomically (:func:`pfl_core.atomic_file.atomic_path`): a kill during a save leaves
 the previous checkpoint intact. A checkpoint cut short anyway (a full disk, a bad copy) is named in
 one logged warning and in the run's ``info`` (``checkpoint_discarded``), and the run starts again. Runs in lockstep are saved together at the same round; they resume
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +88,12 @@ class Checkpointing:
     every: int
     discarded: str | None = None
     """Why a checkpoint found was not resumed from (cut short, unreadable), set by :meth:`available`."""
+    clock_start: float | None = None
+    """``time.perf_counter()`` when this process started the runs (set by the caller): saves add the
+    seconds since then to :attr:`before_s`."""
+    before_s: float | None = 0.0
+    """Wall-clock seconds the runs spent in earlier processes, up to the checkpoint restored (0 for a
+    fresh start; None: restored from a checkpoint without ``elapsed_s``)."""
 
     def __post_init__(self):
         if self.every < 1:
@@ -117,15 +129,23 @@ class Checkpointing:
         torch.set_rng_state(states[0]["torch_rng"])
         np.random.set_state(states[0]["numpy_rng"])
         random.setstate(states[0]["python_rng"])
+        self.before_s = states[0].get("elapsed_s")
         return int(states[0]["next_round"])
 
     def due(self, round_idx: int, rounds: int) -> bool:
         """Save after ``round_idx`` (0-based)? Every ``every`` rounds, never after the last one."""
         return (round_idx + 1) % self.every == 0 and round_idx + 1 < rounds
 
+    def elapsed_s(self) -> float | None:
+        """The runs' wall-clock seconds so far, earlier processes included (None: unknown)."""
+        if self.before_s is None or self.clock_start is None:
+            return None
+        return self.before_s + time.perf_counter() - self.clock_start
+
     def save(self, federations: list, round_idx: int) -> None:
         common = {"format": FORMAT, "next_round": round_idx + 1, "torch_rng": torch.get_rng_state(),
-                  "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}
+                  "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
+                  "elapsed_s": self.elapsed_s()}
         for federation, path in zip(federations, self.paths):
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp:

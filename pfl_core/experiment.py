@@ -379,6 +379,8 @@ def run_experiments(
     provider = pretrained or InProcessPretraining(device, data_dir, execution, allow_tf32)
     setups = [prepare_run(cfg, dev, data_dir, provider) for cfg in cfgs]
     executor = make_executor(execution, dev, setups)
+    if checkpointing is not None:
+        checkpointing.clock_start = started
     saved = checkpointing.available() if checkpointing is not None else None
     inits = [model_params(s.model) for s in setups] if saved else warm_start(setups, executor)
     federations = [
@@ -389,10 +391,12 @@ def run_experiments(
     ]
     start = checkpointing.restore(federations, saved, dev) if saved else 0
     results = run_lockstep(federations, executor, start, checkpointing)
-    wall = (time.perf_counter() - started) / len(cfgs)
+    before = checkpointing.before_s if start else 0.0  # seconds of earlier processes (None: unknown)
+    wall = (time.perf_counter() - started + (before or 0.0)) / len(cfgs)
     info = {**execution_info(executor, setups[0].algorithm, len(cfgs)), **device_info(dev), "wall_s": wall}
     if start:
         info["resumed_from_round"] = start
+        info["wall_s_before_resume"] = before  # the whole lockstep group's, as the run's wall_s metric
     if checkpointing is not None and checkpointing.discarded:
         info["checkpoint_discarded"] = checkpointing.discarded
     return [run_result(s, r, info) for s, r in zip(setups, results)]

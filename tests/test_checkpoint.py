@@ -16,6 +16,7 @@ from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiments
 from benchmarks.running.worker import KILL_HOOK_ENV
+from benchmarks.store.tracking import read_json_artifact
 from benchmarks.suite.spec import load_suite
 from conftest import tiny_suite_dict, write_suite
 
@@ -65,10 +66,29 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, method, seeds, execution
         run_experiments(cfgs, device="cpu", execution=execution, on_round=_stop_after(5), checkpointing=saving)
     assert all(p.is_file() for p in saving.paths)
     assert {torch.load(p, weights_only=False)["next_round"] for p in saving.paths} == {4}
+    elapsed = torch.load(saving.paths[0], weights_only=False)["elapsed_s"]  # the first process's seconds
+    assert elapsed > 0
     resumed = run_experiments(cfgs, device="cpu", execution=execution, checkpointing=saving)
     for ref, res in zip(reference, resumed):
         _same(ref, res)
         assert res.info["resumed_from_round"] == 4 and "resumed_from_round" not in ref.info
+        assert res.info["wall_s_before_resume"] == elapsed and "wall_s_before_resume" not in ref.info
+        assert res.info["wall_s"] > elapsed / len(seeds)  # the whole compute time, not the last process's
+
+
+def test_a_checkpoint_without_elapsed_seconds_resumes_with_them_unknown(tmp_path):
+    """A checkpoint written before ``elapsed_s`` existed: the run resumes, its earlier seconds are
+    said to be unknown (None), and its own saves stay without the field (nothing to add to)."""
+    cfg = _config("fedavg", 0)
+    saving = Checkpointing([tmp_path / "run0.pt"], every=2)
+    with pytest.raises(Stop):
+        run_experiments([cfg], device="cpu", on_round=_stop_after(3), checkpointing=saving)
+    state = torch.load(saving.paths[0], weights_only=False)
+    del state["elapsed_s"]
+    torch.save(state, saving.paths[0])
+    (result,) = run_experiments([cfg], device="cpu", checkpointing=saving)
+    assert result.info["resumed_from_round"] == 2 and result.info["wall_s_before_resume"] is None
+    assert saving.elapsed_s() is None
 
 
 def test_resume_skips_the_warm_start_and_still_matches(tmp_path, monkeypatch):
@@ -146,6 +166,10 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     runs, after, after_history = finished("killed")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
     assert after.data.tags["resumed_from_round"] == "4"
+    info = read_json_artifact(MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/killed/mlflow.db"),
+                              after.info.run_id, "run_info.json")
+    assert info["wall_s_before_resume"] > 0  # the killed process's seconds up to its checkpoint
+    assert after.data.metrics["wall_s"] >= info["wall_s"]  # the logged wall-clock counts them too
     _, reference, reference_history = finished("plain")
     assert "resumed_from_round" not in reference.data.tags
     drop = {"wall_s"}

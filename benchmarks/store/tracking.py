@@ -253,7 +253,8 @@ class Tracker:
         for k, v in enumerate(outcome.get("curve_weighted", [])):
             metrics.append(Metric("curve/acc_weighted", float(v), now, k))
         metrics += [Metric(k, float(v), now, 0) for k, v in outcome.get("metrics", {}).items()]
-        metrics.append(Metric("wall_s", float(outcome["ended"] - outcome["started"]), now, 0))
+        before = outcome.get("info", {}).get("wall_s_before_resume") or 0.0  # a resumed run's earlier processes
+        metrics.append(Metric("wall_s", float(outcome["ended"] - outcome["started"] + before), now, 0))
         for start in range(0, len(metrics), METRIC_BATCH):
             self.client.log_batch(run_id, metrics=metrics[start:start + METRIC_BATCH])
 
