@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import pfl_core.experiment as experiment
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
 from pfl_core.experiment import run_experiments
+from benchmarks.reporting.snapshot import SnapshotTracker, provenance_markdown
 from benchmarks.running.worker import KILL_HOOK_ENV
 from benchmarks.store.tracking import read_json_artifact
 from benchmarks.suite.spec import load_suite
@@ -170,6 +172,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
                               after.info.run_id, "run_info.json")
     assert info["wall_s_before_resume"] > 0  # the killed process's seconds up to its checkpoint
     assert after.data.metrics["wall_s"] >= info["wall_s"]  # the logged wall-clock counts them too
+    assert after.data.tags["wall_s_before_resume"] == f"{info['wall_s_before_resume']:.1f}"
     _, reference, reference_history = finished("plain")
     assert "resumed_from_round" not in reference.data.tags
     drop = {"wall_s"}
@@ -216,3 +219,18 @@ def test_a_resumed_runs_progress_bar_starts_at_the_resumed_round(tmp_path, monke
     (outcome,) = worker.execute_specs([spec], "cpu", None, progress=True, checkpoints=plan)
     assert outcome["info"]["resumed_from_round"] == 4
     assert shown == [(1, 5, ROUNDS), (2, 6, ROUNDS)]
+
+
+def test_provenance_says_which_resumed_runs_miss_their_earlier_seconds():
+    """A run resumed from a checkpoint older than its ``elapsed_s`` logs the last process's seconds
+    only: the compute line counts such runs; a resumed run with known seconds, and a run never
+    resumed, are not counted."""
+    def record(run_id: str, **tags) -> dict:
+        return {"run_id": run_id, "status": "FINISHED", "metrics": {"wall_s": 100.0}, "tags": tags}
+
+    snap = SnapshotTracker("s/t", {}, [record("a"), record("b", resumed_from_round="150", wall_s_before_resume="812.5"),
+                                       record("c", resumed_from_round="350", wall_s_before_resume="unknown"),
+                                       record("d", resumed_from_round="50")])  # logged before the tag existed
+    text = provenance_markdown(snap, Path("t.md"))
+    assert "0.11 h (400 s)" in text and "; 2 run(s) resumed from a checkpoint" in text
+    assert "resumed from a checkpoint" not in provenance_markdown(SnapshotTracker("s/t", {}, [record("a")]), Path("t.md"))

@@ -21,6 +21,7 @@ from benchmarks.reporting.metric import metric_spec
 from pfl_core.atomic_file import write_text
 from benchmarks.suite.schema import SuiteError
 from benchmarks.suite.spec import Suite
+from benchmarks.store.run_tags import WALL_BEFORE_RESUME_TAG
 from benchmarks.store.tracking import DATA_PROVENANCE_TAG, Tracker
 
 FORMAT = 1
@@ -255,6 +256,13 @@ def data_copies(records: list[dict]) -> dict[str, int]:
     return out
 
 
+def resumed_without_seconds(records: list[dict]) -> int:
+    """Runs resumed from a checkpoint whose earlier processes' seconds are not in their ``wall_s``
+    (a checkpoint older than ``elapsed_s``, or a run logged before the tag existed)."""
+    return sum(1 for r in records if r["tags"].get("resumed_from_round")
+               and r["tags"].get(WALL_BEFORE_RESUME_TAG, "unknown") == "unknown")
+
+
 def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
     """The snapshot's provenance as a short Markdown page beside its rendered table."""
     lines = [f"# {tracker.suite_key}: reproduced runs (snapshot)", "",
@@ -269,11 +277,14 @@ def provenance_markdown(tracker: SnapshotTracker, rendered_md: Path) -> str:
     wall = sum(r["metrics"].get("wall_s", 0.0) / max(1, int(r["tags"].get("lockstep_runs", "1") or 1))
                for r in tracker.records)
     finished = sum(r["status"] == "FINISHED" for r in tracker.records)
+    partial = resumed_without_seconds(tracker.records)
     lines += [f"- **runs**: {finished} finished, {len(tracker.records) - finished} failed",
               f"- **code commits of the runs**: {', '.join(commits)}",
               f"- **devices**: {', '.join(d for d in devices if d) or 'unknown'}",
               f"- **compute time**: {wall / 3600:.2f} h ({wall:.0f} s), the runs' processes summed (a lockstep "
-              "group of seeds counted once); parallel workers overlap it"]
+              "group of seeds counted once); parallel workers overlap it"
+              + (f"; {partial} run(s) resumed from a checkpoint that did not keep its earlier seconds count "
+                 "their last process only (tag wall_s_before_resume: unknown)" if partial else "")]
     lines += [f"- **data provenance** ({n} of {len(tracker.records)} runs): {text}"
               for text, n in data_copies(tracker.records).items()]
     return "\n".join(lines) + "\n"

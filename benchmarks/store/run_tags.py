@@ -20,6 +20,11 @@ DATA_PROVENANCE_TAG = "data_provenance"
 """Set on a run whose dataset is not the official archive (run info ``data_provenance``, e.g. the
 CIFAR-10 reconstruction, :mod:`pfl_core.data.cifar_files`): one line saying which copy it used."""
 
+WALL_BEFORE_RESUME_TAG = "wall_s_before_resume"
+"""Set on a run resumed from a checkpoint: the seconds its earlier processes spent up to that
+checkpoint (included in its ``wall_s``), or ``unknown`` (a checkpoint older than the field: its
+``wall_s`` counts the last process only)."""
+
 BN_EVALUATION_TAG = "bn_evaluation"
 """How the run's evaluation treats the BatchNorm of a model with running statistics (KLD-BN):
 ``train``, ``eval`` or ``recipe`` (:data:`pfl_core.evaluation.protocol.Protocol.bn_mode`); absent
@@ -136,6 +141,8 @@ def run_tags(spec: RunSpec, suite_meta: dict, outcome: dict, git: tuple[str, boo
         tags[DATA_PROVENANCE_TAG] = str(info["data_provenance"])[:5000]
     if info.get("resumed_from_round"):
         tags["resumed_from_round"] = str(info["resumed_from_round"])
+        before = info.get("wall_s_before_resume")
+        tags[WALL_BEFORE_RESUME_TAG] = "unknown" if before is None else f"{before:.1f}"
     if "error" in outcome:
         tags["failure_reason"] = outcome["error"][:5000]
     return tags
