@@ -18,7 +18,7 @@ import time
 import torch
 
 from pfl_core.algorithms.pfedhn import HyperNetwork
-from pfl_core.federation import _check_finite
+from pfl_core.federation import _check_finite, elementwise_finite
 from pfl_core.models import build_model
 
 
@@ -34,8 +34,9 @@ def server_state(clients: int = 50) -> dict:
 
 
 def elementwise(server: dict) -> bool:
-    """The previous check: every tensor's element-wise finite flags, reduced, read once."""
-    return bool(torch.stack([torch.isfinite(t).all() for d in server.values() for t in d.values()]).all())
+    """The previous check: every tensor's element-wise finite flags, reduced, read once (the
+    federation's own fallback, :func:`pfl_core.federation.elementwise_finite`)."""
+    return elementwise_finite([t for d in server.values() for t in d.values()])
 
 
 def main(argv: list[str] | None = None) -> None:
