@@ -14,7 +14,9 @@ lost to the kill (after the last checkpoint) not counted; ``wall_s_before_resume
 is the part from earlier processes (None when the checkpoint predates the field).
 
 Files are written atomically (:func:`pfl_core.atomic_file.atomic_path`): a kill during a save leaves
-the previous checkpoint intact. A checkpoint cut short anyway (a full disk, a bad copy) is named in
+the previous checkpoint intact. :func:`request_save` asks the runs of this process for one more
+save at the end of their current round, whatever ``every`` (``pflbench run`` calls it on SIGUSR1:
+a scheduler's warning before a preemption, or the end of a working session). A checkpoint cut short anyway (a full disk, a bad copy) is named in
 one logged warning and in the run's ``info`` (``checkpoint_discarded``), and the run starts again. Runs in lockstep are saved together at the same round; they resume
 only if every one of them has a checkpoint of the same round (else all start again).
 """
@@ -34,6 +36,20 @@ from pfl_core.batching import BatchStream
 
 FORMAT = 1
 _log = logging.getLogger(__name__)
+
+
+class _SaveRequest:
+    """A flag a signal handler may set: a plain attribute (a lock such as ``threading.Event``'s could
+    be held by the very thread the handler interrupts)."""
+
+    pending = False
+
+
+def request_save() -> None:
+    """Ask every run in this process to save a checkpoint after its current round, even between two
+    ``every``; the next save clears the request (logged in one warning). Only sets a flag: safe in a
+    signal handler."""
+    _SaveRequest.pending = True
 
 
 def _stream_state(stream: BatchStream) -> dict:
@@ -133,8 +149,9 @@ class Checkpointing:
         return int(states[0]["next_round"])
 
     def due(self, round_idx: int, rounds: int) -> bool:
-        """Save after ``round_idx`` (0-based)? Every ``every`` rounds, never after the last one."""
-        return (round_idx + 1) % self.every == 0 and round_idx + 1 < rounds
+        """Save after ``round_idx`` (0-based)? Every ``every`` rounds, and after a round that ends
+        with a save requested (:func:`request_save`); never after the last one."""
+        return round_idx + 1 < rounds and ((round_idx + 1) % self.every == 0 or _SaveRequest.pending)
 
     def elapsed_s(self) -> float | None:
         """The runs' wall-clock seconds so far, earlier processes included (None: unknown)."""
@@ -143,6 +160,7 @@ class Checkpointing:
         return self.before_s + time.perf_counter() - self.clock_start
 
     def save(self, federations: list, round_idx: int) -> None:
+        requested, _SaveRequest.pending = _SaveRequest.pending, False
         common = {"format": FORMAT, "next_round": round_idx + 1, "torch_rng": torch.get_rng_state(),
                   "numpy_rng": np.random.get_state(), "python_rng": random.getstate(),
                   "elapsed_s": self.elapsed_s()}
@@ -150,6 +168,9 @@ class Checkpointing:
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(path) as tmp:
                 torch.save({**common, "federation": federation_state(federation)}, tmp)
+        if requested:
+            _log.warning("checkpoint saved on request after round %d: %s", round_idx + 1,
+                         ", ".join(str(p) for p in self.paths))
 
 
 def _to(value, device: torch.device):

@@ -4,6 +4,7 @@ the batched path, and after a real SIGKILL of a ``pflbench run`` process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+import pfl_core.checkpoint as checkpoint
 import pfl_core.experiment as experiment
 from pfl_core.checkpoint import Checkpointing
 from pfl_core.config import RunConfig
@@ -125,9 +127,10 @@ def test_incomplete_checkpoints_start_again(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
-    """A real ``pflbench run`` process (--jobs 1: the run computes in it) SIGKILLs itself after
-    round 5 of a 6-round run (checkpoints after rounds 2 and 4); the next ``pflbench run`` marks the
-    stale run KILLED, resumes it from round 4, and logs exactly the metrics of an uninterrupted run."""
+    """A real ``pflbench run`` process (--jobs 1: the run computes in it) gets SIGUSR1 after round 4
+    of a 6-round run (checkpoints every 100 rounds: none but the one it asks for) and SIGKILLs itself
+    after round 5; the next ``pflbench run`` marks the stale run KILLED, resumes it from round 4, and
+    logs exactly the metrics of an uninterrupted run."""
     data = tiny_suite_dict()
     data["profiles"]["smoke"]["set"]["federation.rounds"] = ROUNDS
     data["profiles"]["smoke"]["seeds"] = [0]
@@ -135,12 +138,13 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     (spec,) = load_suite(suite_path).expand("smoke", only={"setting": ["dir"], "method": ["fedavg_ft"]})
     armed = tmp_path / "armed"
     armed.mkdir()
+    (armed / f"{spec.config_hash}.save4").touch()
     (armed / f"{spec.config_hash}.round5").touch()
 
     def pflbench(store: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "benchmarks.cli", "run", str(suite_path), "--profile", "smoke",
                "--only", "setting=dir", "--only", "method=fedavg_ft", "--device", "cpu",
-               "--tracking-uri", f"sqlite:///{tmp_path}/{store}/mlflow.db", "--checkpoint-every", "2"]
+               "--tracking-uri", f"sqlite:///{tmp_path}/{store}/mlflow.db", "--checkpoint-every", "100"]
         return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                               env={**os.environ, **(env_extra or {})})
 
@@ -149,6 +153,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     killed = pflbench("killed", {KILL_HOOK_ENV: str(armed)})
     assert killed.returncode == -9, killed.stdout + killed.stderr  # really SIGKILLed
     assert (tmp_path / "killed" / "checkpoints" / f"{spec.config_hash}.pt").is_file()
+    assert "checkpoint saved on request after round 4" in killed.stderr
     resumed = pflbench("killed")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert not (tmp_path / "killed" / "checkpoints" / f"{spec.config_hash}.pt").exists()  # deleted once logged
@@ -180,6 +185,53 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_metrics(tmp_path):
         {k: v for k, v in reference.data.metrics.items() if k not in drop}
     assert sorted(after_history["round/train_loss"]) == sorted(reference_history["round/train_loss"])
     assert sorted(after_history["curve/acc"]) == sorted(reference_history["curve/acc"])
+
+
+def test_a_requested_save_comes_at_the_end_of_the_current_round_once(tmp_path, monkeypatch):
+    """request_save (SIGUSR1 in pflbench run): the next round end saves, whatever ``every``, and the
+    request is then spent; never after the last round."""
+    saving = Checkpointing([tmp_path / "x.pt"], every=50)
+    monkeypatch.setattr(checkpoint._SaveRequest, "pending", False)
+    assert not saving.due(2, 10)
+    checkpoint.request_save()
+    assert not saving.due(9, 10)  # the last round: the run is about to be logged
+    assert saving.due(2, 10)
+    saving.save([], 2)  # no federation: the request is spent all the same
+    assert not saving.due(3, 10) and saving.due(49, 100)
+
+
+FORWARDING = """
+import multiprocessing, os, signal, time
+import pfl_core.checkpoint as checkpoint
+from benchmarks.running import lifecycle
+from benchmarks.running.executors import new_pool
+
+if __name__ == "__main__":
+    pool = new_pool(1)
+    print("worker handler:", pool.submit(signal.getsignal, signal.SIGUSR1).result(timeout=120) is lifecycle.save_on_signal)
+    bystander = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    bystander.start()
+    lifecycle.save_on_signal(signal.SIGUSR1, None)
+    bystander.join(timeout=30)
+    print("bystander exit:", bystander.exitcode)
+    print("requested here:", checkpoint._SaveRequest.pending)
+    print("worker lives on:", pool.submit(os.getpid).result(timeout=60) > 0)
+    bystander.kill()
+    pool.shutdown()
+"""
+
+
+def test_sigusr1_reaches_the_worker_processes_which_request_a_save(tmp_path):
+    """The parent's handler requests a save and passes the signal on to its worker processes, whose
+    initializer installs the same handler (a worker left with the default action would die). In a
+    fresh interpreter: the handler signals every multiprocessing child of its process."""
+    script = tmp_path / "forwarding.py"
+    script.write_text(FORWARDING)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["worker handler: True", f"bystander exit: {-signal.SIGUSR1}",
+                                        "requested here: True", "worker lives on: True"], done.stdout + done.stderr
 
 
 def test_a_save_killed_midway_leaves_a_temporary_file_the_next_run_removes(tmp_path, dead_and_live_pids):

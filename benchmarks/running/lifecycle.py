@@ -7,8 +7,13 @@
 * :func:`signals_held`: holds those signals the same way around any block the active guard must
   not cut, such as the start of a worker process (cut between its spawn and the pipe write of its
   start-up data, the new worker dies with a traceback: "Ran out of input").
+* :func:`save_on_signal`: the SIGUSR1 handler of the parent (inside :func:`signals_interrupt`) and of
+  every worker: each run in progress saves a checkpoint at the end of its current round
+  (:func:`pfl_core.checkpoint.request_save`) and goes on; the parent passes the signal to its worker
+  processes (not to Ray's). For a scheduler's warning before a time limit (SLURM's ``--signal``) or
+  a machine about to be taken back: no finished round is lost.
 * :func:`worker_init`: the initializer of every worker process. It ignores SIGINT (a Ctrl-C in the
-  terminal reaches the whole process group; the parent alone decides), asks the kernel to SIGKILL
+  terminal reaches the whole process group; the parent alone decides), takes SIGUSR1 as above, asks the kernel to SIGKILL
   it when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``), and watches its parent pid from a
   thread (any OS, and a parent that died before the ``prctl``), so a kill -9 of the parent leaves
   no orphan computing on.
@@ -17,14 +22,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import signal
 import threading
+
+from pfl_core.checkpoint import request_save
 
 PR_SET_PDEATHSIG = 1
 PARENT_WATCH_S = 1.0
 EXIT_CODES = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129}
 """Exit status of ``pflbench`` after each signal (128 + its number, the shell's convention)."""
+SAVE_SIGNAL = "SIGUSR1"
+"""The signal that asks the runs in progress for a checkpoint (:func:`save_on_signal`)."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -88,6 +98,8 @@ def signals_interrupt():
     names = [s for s in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, s)]
     global _active
     previous = {name: signal.signal(getattr(signal, name), guard.handler) for name in names}
+    if hasattr(signal, SAVE_SIGNAL):
+        previous[SAVE_SIGNAL] = signal.signal(getattr(signal, SAVE_SIGNAL), save_on_signal)
     outer, _active = _active, guard
     try:
         yield guard
@@ -95,6 +107,15 @@ def signals_interrupt():
         _active = outer
         for name, old in previous.items():
             signal.signal(getattr(signal, name), old)
+
+
+def save_on_signal(signum, _frame) -> None:
+    """SIGUSR1: the runs of this process save a checkpoint after their current round and go on;
+    passed on to this process's worker processes (none in a worker)."""
+    request_save()
+    for child in multiprocessing.active_children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signum)
 
 
 def _die_with_parent_linux() -> None:
@@ -115,6 +136,8 @@ def _watch_parent(parent_pid: int) -> None:
 def worker_init(parent_pid: int) -> None:
     """Initializer of a worker process started by ``parent_pid`` (see the module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, SAVE_SIGNAL):
+        signal.signal(getattr(signal, SAVE_SIGNAL), save_on_signal)
     _die_with_parent_linux()
     if os.getppid() != parent_pid:  # the parent died before the prctl took effect
         os._exit(1)

@@ -34,7 +34,8 @@ KILL_HOOK_ENV = "PFLBENCH_TEST_KILL_DIR"
 """Test hook (tests/test_ray.py, tests/test_reliability.py): when this names a folder holding a file
 named after a run's config hash, the worker that starts that run deletes the file and kills itself
 (SIGKILL), as a worker lost mid-run; the run's next attempt runs normally. A file ``<hash>.always``
-kills every attempt. Inert when unset."""
+kills every attempt, ``<hash>.round<N>`` kills it after round N, and ``<hash>.save<N>`` sends it
+SIGUSR1 after round N instead (a checkpoint on request). Inert when unset."""
 
 DEFAULT_THREADS = 1
 """Torch intra-op threads of every run unless ``--threads``: fixed, so that the numbers of a run do
@@ -42,12 +43,16 @@ not depend on ``--jobs`` (issue 15, item 3). Use ``--jobs`` to fill the cores.""
 
 def _kill_hook(spec: RunSpec, after_round: int | None = None) -> None:
     """The test hook of :data:`KILL_HOOK_ENV`: before a run (``after_round`` None) or after its
-    round ``after_round`` (a file ``<hash>.round<N>``)."""
+    round ``after_round`` (a file ``<hash>.round<N>``, or ``<hash>.save<N>`` for SIGUSR1)."""
     folder = os.environ.get(KILL_HOOK_ENV)
     if not folder:
         return
     if after_round is None and os.path.exists(os.path.join(folder, spec.config_hash + ".always")):
         os.kill(os.getpid(), signal.SIGKILL)
+    save = os.path.join(folder, f"{spec.config_hash}.save{after_round}")
+    if after_round is not None and os.path.exists(save):
+        os.remove(save)
+        os.kill(os.getpid(), signal.SIGUSR1)
     name = spec.config_hash if after_round is None else f"{spec.config_hash}.round{after_round}"
     try:
         os.remove(os.path.join(folder, name))
