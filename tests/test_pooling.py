@@ -176,3 +176,47 @@ def test_block_timing_benchmark_compares_bit_identical_models(capsys):
     assert result["textbook_ms"] > 0 and result["project_ms"] > 0 and result["paired_ratio"] > 0
     assert block_timing.main(["--reps", "1", "--threads", "1"]) == 0
     assert "cafeme_cnn_b" in capsys.readouterr().out
+
+
+def _integer_lenet(name: str) -> nn.Module:
+    """A LeNet whose conv weights, biases and inputs are small integers: many exact ties and
+    all-negative windows in every pool."""
+    torch.manual_seed(0)
+    model = build_model(name, (3, 32, 32), 10)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for conv in (model.conv1, model.conv2):
+            conv.weight.copy_(torch.randint(-1, 2, conv.weight.shape, generator=gen).float())
+            conv.bias.copy_(torch.randint(-2, 2, conv.bias.shape, generator=gen).float())
+    return model
+
+
+@pytest.mark.parametrize("name", ["lenet", "le_embedding"])
+def test_lenet_pools_before_relu_with_the_textbook_numbers(name):
+    """MetaVers' LeNet trunk runs Conv -> MaxPool -> ReLU: its outputs, every parameter gradient, a
+    second derivative (Per-FedAvg's Hessian-vector products) and the batched path's vmapped
+    gradients equal the textbook Conv -> ReLU -> F.max_pool2d bit for bit."""
+    from benchmarks.timing.block_timing import textbook
+
+    ours, ref = _integer_lenet(name), textbook(_integer_lenet(name))
+    x = torch.randint(-2, 3, (6, 3, 32, 32), generator=torch.Generator().manual_seed(3)).float()
+    y = torch.randint(0, 10, (6,), generator=torch.Generator().manual_seed(4))
+    target = (lambda out, yb: F.cross_entropy(out, yb)) if name == "lenet" else (lambda out, yb: out.pow(2).mean())
+    results = []
+    for model in (ours, ref):
+        params = {k: v.detach().requires_grad_() for k, v in model_params(model).items()}
+        out = torch.func.functional_call(model, params, (x,))
+        grads = torch.autograd.grad(target(out, y), list(params.values()), create_graph=True)
+        vector = [torch.ones_like(g) for g in grads]
+        hvp = torch.autograd.grad(grads, list(params.values()), vector, allow_unused=True)
+        per_client = torch.func.vmap(torch.func.grad(
+            lambda p, xb, yb: target(torch.func.functional_call(model, p, (xb,)), yb)), in_dims=(None, 0, 0))(
+            {k: v.detach() for k, v in params.items()}, x.view(2, 3, 3, 32, 32), y.view(2, 3))
+        results.append((out.detach(), [g.detach() for g in grads], hvp, per_client))
+    (out_a, g_a, h_a, v_a), (out_b, g_b, h_b, v_b) = results
+    pooled = F.max_pool2d(ours.conv1(x), 2)
+    assert (pooled < 0).any() and (pooled == 0).any()  # all-negative windows and ties were exercised
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(g_a, g_b))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(h_a, h_b))
+    assert all(torch.equal(v_a[k], v_b[k]) for k in v_a)

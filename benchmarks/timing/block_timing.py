@@ -1,11 +1,11 @@
-"""The conv blocks' CPU kernels against the textbook blocks, in one run (issue 10).
+"""The conv blocks' CPU kernels against the textbook blocks, in one run.
 
     python -m benchmarks.timing.block_timing --threads 2
 
-Models A and B (CAFeMe) are built twice with the same initialisation: as the project builds them
-(``relu_then_pool``: Conv -> BN -> MaxPool -> ReLU, the max-pool's forward on the channels-last
-kernel, :mod:`pfl_core.models.pooling`) and with textbook blocks (Conv -> BN -> ``nn.ReLU`` ->
-``nn.MaxPool2d``). Their SGD steps on one random batch alternate, ``--reps`` times, so the machine's
+Models A and B (CAFeMe) and MetaVers' LeNet are built twice with the same initialisation: as the
+project builds them (``relu_then_pool``: Conv -> BN -> MaxPool -> ReLU, the max-pool's forward on the
+channels-last kernel, :mod:`pfl_core.models.pooling`; LeNet without BN) and with textbook blocks
+(Conv -> BN -> ``nn.ReLU`` -> ``nn.MaxPool2d``; LeNet: Conv -> ReLU -> ``F.max_pool2d``). Their SGD steps on one random batch alternate, ``--reps`` times, so the machine's
 drift hits both alike; the table gives the median milliseconds per step of each, the median of the
 paired ratios, and whether both end with bit-identical parameters (they must). Nothing is asserted.
 """
@@ -14,19 +14,33 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import types
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from pfl_core.models import build_model
+from pfl_core.models.lenet import LeNetTrunk
 from pfl_core.training import model_params, sgd_step
 
-MODELS = [("cafeme_cnn_a", (1, 28, 28), 30, 10), ("cafeme_cnn_b", (3, 32, 32), 50, 3)]
-"""(model, input shape, batch size, steps per timed block): the RMNIST and CIFAR-10 cells' shapes."""
+MODELS = [("cafeme_cnn_a", (1, 28, 28), 30, 10), ("cafeme_cnn_b", (3, 32, 32), 50, 3), ("lenet", (3, 32, 32), 64, 10)]
+"""(model, input shape, batch size, steps per timed block): the RMNIST and CIFAR-10 cells' shapes of
+CAFeMe, and MetaVers' CIFAR-10 LeNet (pFedHN's target network) at its training batch."""
+
+
+def _textbook_lenet_trunk(self, x: torch.Tensor) -> torch.Tensor:
+    x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+    x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+    return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def textbook(model: nn.Module) -> nn.Module:
-    """``model`` with each conv block rebuilt as Conv -> BN -> nn.ReLU -> nn.MaxPool2d(2, 2)."""
+    """``model`` with each conv block rebuilt as Conv -> BN -> nn.ReLU -> nn.MaxPool2d(2, 2); a LeNet
+    with its trunk as Conv -> ReLU -> ``F.max_pool2d``."""
+    if isinstance(model, LeNetTrunk):
+        model.trunk = types.MethodType(_textbook_lenet_trunk, model)
+        return model
     for i, block in enumerate(model.features):
         model.features[i] = nn.Sequential(block[0], block[1], nn.ReLU(), nn.MaxPool2d(2, 2))
     return model

@@ -38,9 +38,11 @@ class LeNetTrunk(nn.Module):
         self.fc2 = nn.Linear(120, EMBEDDING_DIM)
 
     def trunk(self, x: torch.Tensor) -> torch.Tensor:
-        """fc2's output, before any activation."""
-        x = max_pool2d(F.relu(self.conv1(x)), 2)
-        x = max_pool2d(F.relu(self.conv2(x)), 2)
+        """fc2's output, before any activation. Each conv's ReLU -> 2x2 max-pool is computed pool
+        first: the textbook order's outputs and gradients bit for bit, ReLU on a quarter of the
+        elements (:func:`~pfl_core.models.pooling.relu_then_pool`; ``tests/test_pooling.py``)."""
+        x = F.relu(max_pool2d(self.conv1(x), 2))
+        x = F.relu(max_pool2d(self.conv2(x), 2))
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
