@@ -10,6 +10,7 @@ count: see :mod:`benchmarks.running.sweep`.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -21,6 +22,7 @@ from typing import NamedTuple
 import torch
 from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from benchmarks.suite.spec import RunSpec
 from pfl_core.checkpoint import Checkpointing
@@ -168,14 +170,8 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
         _kill_hook(specs[0], after_round=round_idx + 1)
 
     try:
-        if len(specs) == 1:
-            results = [run_experiment(cfgs[0], device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving, pretrained=pretrained,
-                                      allow_tf32=allow_tf32)]
-        else:
-            results = run_experiments(cfgs, device=device, data_dir=data_dir, on_round=on_round,
-                                      execution=execution, checkpointing=saving, pretrained=pretrained,
-                                      allow_tf32=allow_tf32)
+        with logging_redirect_tqdm(tqdm_class=type(bar)) if progress else contextlib.nullcontext():
+            results = _compute(specs, cfgs, device, data_dir, on_round, execution, saving, pretrained, allow_tf32)
     except Exception as err:  # noqa: BLE001 - any crash of one run must not end the sweep
         if len(specs) > 1:
             bar.close()
@@ -185,3 +181,12 @@ def _execute(specs: list[RunSpec], device: str, data_dir: str | None, threads: i
     finally:
         bar.close()
     return [_outcome(started, result, spec) for result, spec in zip(results, specs)]
+
+
+def _compute(specs, cfgs, device, data_dir, on_round, execution, saving, pretrained, allow_tf32) -> list:
+    """The runs of ``specs``: one alone, several in lockstep."""
+    kwargs = dict(device=device, data_dir=data_dir, on_round=on_round, execution=execution,
+                  checkpointing=saving, pretrained=pretrained, allow_tf32=allow_tf32)
+    if len(specs) == 1:
+        return [run_experiment(cfgs[0], **kwargs)]
+    return run_experiments(cfgs, **kwargs)
